@@ -1,0 +1,156 @@
+"""The ``specli`` command line: parses options, calls the library, prints."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from typing import Optional
+
+import typer
+
+from .errors import SpecliError
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
+    help="Faster answers from local GGUF models with lossless speculative decoding (llama.cpp).",
+)
+
+
+@app.callback()
+def _root() -> None:
+    """specli: lossless speculative decoding for local GGUF models."""
+
+
+def err(msg: str) -> None:
+    print(f"specli: {msg}", file=sys.stderr, flush=True)
+
+
+def one_line_errors(fn):
+    """Bad input ends in one line on stderr and a non-zero exit, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        try:
+            return fn(*a, **kw)
+        except SpecliError as e:
+            err(f"error: {e}")
+            raise typer.Exit(e.exit_code)
+        except KeyboardInterrupt:
+            err("interrupted")
+            raise typer.Exit(130)
+        except (typer.Exit, typer.Abort):
+            raise
+        except Exception as e:  # noqa: BLE001
+            if os.environ.get("SPECLI_DEBUG"):
+                raise
+            err(f"internal error: {type(e).__name__}: {e} (set SPECLI_DEBUG=1 for a traceback)")
+            raise typer.Exit(70)
+
+    return wrapper
+
+
+def read_prompt(prompt: Optional[str], file: Optional[str]) -> str:
+    if prompt is not None and file is not None:
+        raise SpecliError("give the prompt once: --prompt or --file, not both")
+    if prompt is not None:
+        text = prompt
+    elif file is not None:
+        try:
+            with open(file, encoding="utf-8") as f:
+                text = f.read()
+        except FileNotFoundError:
+            raise SpecliError(f"prompt file not found: {file}") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise SpecliError(f"cannot read prompt file {file}: {e}") from None
+    else:
+        if sys.stdin is None or sys.stdin.isatty():
+            raise SpecliError("no prompt: pipe text in (specli run < prompt.txt), or use --prompt or --file")
+        text = sys.stdin.read()
+    if not text.strip():
+        raise SpecliError("the prompt is empty" + ("" if prompt or file else " (nothing on standard input)"))
+    return text
+
+
+RUN_EPILOG = """
+Examples:
+
+  echo "Write a quicksort in Python" | specli run --target model.gguf --draft draft.gguf
+
+  specli run --target qwen2.5-coder-1.5b-instruct-q4_k_m --draft lookup --file edit_request.txt --stats
+
+  specli run --target model.gguf --draft none --prompt "Hello" --json
+"""
+
+
+@app.command(epilog=RUN_EPILOG)
+@one_line_errors
+def run(
+    target: str = typer.Option(..., "--target", "-m", help="Target GGUF: a path or a known model name."),
+    draft: str = typer.Option("lookup", "--draft", "-d", help="Draft GGUF (path or name), 'lookup' or 'none'."),
+    prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="Prompt text (default: standard input)."),
+    file: Optional[str] = typer.Option(None, "--file", "-f", help="Read the prompt from this file."),
+    max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1, help="Most tokens to generate."),
+    temp: float = typer.Option(0.0, "--temp", min=0.0, help="Temperature; 0 is greedy."),
+    top_k: int = typer.Option(0, "--top-k", min=0, help="Top-k sampling (0: off)."),
+    top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Top-p (nucleus) sampling (1: off)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed for sampling."),
+    draft_max: int = typer.Option(8, "--draft-max", min=0, help="Most tokens drafted per step."),
+    draft_p_min: float = typer.Option(0.6, "--draft-p-min", min=0.0, max=1.0,
+                                      help="Draft model stops when its top probability falls below this."),
+    ctx: int = typer.Option(4096, "--ctx", "-c", min=0, help="Context size in tokens (0: the model's own)."),
+    threads: Optional[int] = typer.Option(None, "--threads", "-t", min=1, help="CPU threads."),
+    gpu_layers: int = typer.Option(0, "--gpu-layers", "-ngl", help="Target layers to offload to the GPU (-1: all)."),
+    chat: Optional[bool] = typer.Option(None, "--chat/--raw",
+                                        help="Apply the model's chat template (default when it has one)."),
+    system: Optional[str] = typer.Option(None, "--system", help="System prompt (with --chat)."),
+    stats: bool = typer.Option(False, "--stats", help="Print a one-line summary to stderr."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the text and stats."),
+):
+    """Generate from a prompt on standard input; text streams to standard output."""
+    from .decode import Stats
+    from .session import Options, Session
+    from .verify import SamplingParams
+
+    text = read_prompt(prompt, file)
+    opts = Options(target=target, draft=draft, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers,
+                   draft_max=draft_max, draft_p_min=draft_p_min)
+    sess = Session(opts, progress=lambda m: err(m))
+    for note in opts.notes:
+        err(note)
+    toks = sess.prompt_tokens(text, chat, system)
+    params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, seed=seed)
+    st = Stats()
+    pieces: list[str] = []
+    interrupted = False
+    try:
+        for ch in sess.generate(toks, params, max_tokens, st):
+            if as_json:
+                pieces.append(ch.text)
+            else:
+                sys.stdout.write(ch.text)
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        interrupted = True
+        st.stop = "interrupted"
+    if as_json:
+        out = {"text": "".join(pieces), "target": sess.target.path,
+               "draft": sess.draft_model.path if sess.draft_model else opts.draft, "stats": st.to_dict()}
+        print(json.dumps(out, ensure_ascii=False))
+    elif not interrupted:
+        sys.stdout.write("\n")
+    sys.stdout.flush()
+    if stats:
+        err(st.summary())
+    sess.close()
+    if interrupted:
+        raise typer.Exit(130)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,250 @@
+"""A thin layer over llama.cpp's C API (through llama-cpp-python's ctypes bindings).
+
+``Model`` owns the weights and the vocabulary; ``Context`` owns one KV cache and exposes the
+three operations speculative decoding needs: evaluate a block of tokens asking for logits only
+at chosen positions, read those logits without copying the whole buffer, and roll the cache
+back to a shorter prefix (checking that the model's memory allows it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .errors import SpecliError
+from .gguf_meta import VocabInfo, read_gguf
+
+try:
+    import llama_cpp as L
+except ImportError as e:  # pragma: no cover - import guard for a broken install
+    raise SpecliError(f"llama-cpp-python is not installed or failed to load: {e}") from None
+
+_VOCAB_TYPES = {0: "NONE", 1: "SPM", 2: "BPE", 3: "WPM", 4: "UGM", 5: "RWKV", 6: "PLAMO2"}
+_backend_ready = False
+_log_cb = None
+
+
+def _init_backend() -> None:
+    global _backend_ready, _log_cb
+    if _backend_ready:
+        return
+    if not os.environ.get("SPECLI_LLAMA_LOG"):
+        # llama.cpp logs every load detail to stderr; keep stderr for specli's own one-liners
+        @L.llama_log_callback
+        def _quiet(level, text, user_data):  # noqa: ARG001
+            return None
+
+        _log_cb = _quiet
+        L.llama_log_set(_log_cb, ctypes.c_void_p(0))
+    L.llama_backend_init()
+    _backend_ready = True
+
+
+def supports_gpu_offload() -> bool:
+    return bool(L.llama_supports_gpu_offload())
+
+
+def system_info() -> str:
+    return L.llama_print_system_info().decode("utf-8", "replace").strip()
+
+
+class Model:
+    """Weights and vocabulary of one GGUF model."""
+
+    def __init__(self, path: str, n_gpu_layers: int = 0, vocab_only: bool = False):
+        _init_backend()
+        self.header = read_gguf(path)  # clear errors for missing, non-GGUF and truncated files
+        self.path = path
+        mp = L.llama_model_default_params()
+        mp.n_gpu_layers = n_gpu_layers
+        mp.vocab_only = vocab_only
+        self._model = L.llama_model_load_from_file(path.encode(), mp)
+        if not self._model:
+            raise SpecliError(f"llama.cpp could not load {path} "
+                              f"(architecture '{self.header.architecture}' unsupported by this build, or a corrupt file)")
+        self.vocab = L.llama_model_get_vocab(self._model)
+        self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
+        self.bos = int(L.llama_vocab_bos(self.vocab))
+        self.eos = int(L.llama_vocab_eos(self.vocab))
+        self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
+        self.n_ctx_train = int(L.llama_model_n_ctx_train(self._model))
+        self.can_rollback = not (L.llama_model_is_recurrent(self._model) or L.llama_model_is_hybrid(self._model))
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._eog = np.array([bool(L.llama_vocab_is_eog(self.vocab, i)) for i in range(self.n_vocab)])
+
+    @property
+    def name(self) -> str:
+        return str(self.header.get("general.name") or os.path.basename(self.path))
+
+    def close(self) -> None:
+        if getattr(self, "_model", None):
+            L.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self):  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- vocabulary ---------------------------------------------------------------------
+    def vocab_info(self) -> VocabInfo:
+        texts = tuple((L.llama_vocab_get_text(self.vocab, i) or b"").decode("utf-8", "replace")
+                      for i in range(self.n_vocab))
+        return VocabInfo(
+            vocab_type=_VOCAB_TYPES.get(int(L.llama_vocab_type(self.vocab)), "?"),
+            n_tokens=self.n_vocab, bos=self.bos, eos=self.eos,
+            add_bos=self.add_bos, add_eos=bool(L.llama_vocab_get_add_eos(self.vocab)), tokens=texts)
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._eog[token])
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 16
+        buf = (L.llama_token * n_max)()
+        n = L.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (L.llama_token * n_max)()
+            n = L.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        n = L.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = L.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
+            return buf.raw[:n]
+        return self._piece_buf.raw[:n]
+
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
+        return b"".join(self.piece(t, special) for t in tokens).decode("utf-8", "replace")
+
+    def chat_template(self) -> str | None:
+        t = self.header.get("tokenizer.chat_template")
+        return str(t) if t else None
+
+
+@dataclass
+class ContextConfig:
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_threads: int | None = None
+    f32_kv: bool = False  # exact-equality tests: f32 KV cache
+
+
+class Context:
+    """One KV cache (sequence 0) on a model. ``tokens`` mirrors what the cache holds."""
+
+    def __init__(self, model: Model, cfg: ContextConfig):
+        self.model = model
+        cp = L.llama_context_default_params()
+        n_ctx = cfg.n_ctx if cfg.n_ctx > 0 else model.n_ctx_train
+        cp.n_ctx = n_ctx
+        cp.n_batch = min(cfg.n_batch, n_ctx)
+        cp.n_ubatch = min(cfg.n_batch, n_ctx)
+        cp.n_seq_max = 1
+        threads = cfg.n_threads or max(1, os.cpu_count() or 1)
+        cp.n_threads = threads
+        cp.n_threads_batch = threads
+        cp.no_perf = True
+        if cfg.f32_kv:
+            cp.type_k = L.GGML_TYPE_F32
+            cp.type_v = L.GGML_TYPE_F32
+        self._ctx = L.llama_init_from_model(model._model, cp)
+        if not self._ctx:
+            raise SpecliError(f"llama.cpp could not create a context of {n_ctx} tokens for {model.path} "
+                              "(out of memory? try a smaller --ctx)")
+        self.n_ctx = int(L.llama_n_ctx(self._ctx))
+        self.n_batch = int(cp.n_batch)
+        self.threads = threads
+        self._mem = L.llama_get_memory(self._ctx)
+        self._batch = L.llama_batch_init(self.n_batch, 0, 1)
+        self.tokens: list[int] = []
+        self.n_decode_calls = 0
+        self.n_evaluated = 0
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            L.llama_batch_free(self._batch)
+            L.llama_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self):  # pragma: no cover
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    def eval(self, tokens: Sequence[int], logits: str = "last") -> list[np.ndarray]:
+        """Append ``tokens`` to the cache. ``logits``: "last" (one row, for the last token),
+        "all" (a row per token) or "none". Rows are views into llama.cpp's buffer, valid
+        until the next call; copy what must outlive it."""
+        n = len(tokens)
+        if n == 0:
+            return []
+        if self.n_past + n > self.n_ctx:
+            raise SpecliError(f"context full: {self.n_past + n} tokens do not fit in --ctx {self.n_ctx}")
+        if logits == "all" and n > self.n_batch:
+            raise ValueError("logits for every token need a block no larger than n_batch")
+        b = self._batch
+        start = 0
+        while start < n:
+            chunk = tokens[start:start + self.n_batch]
+            last_chunk = start + len(chunk) == n
+            pos0 = self.n_past
+            for i, t in enumerate(chunk):
+                b.token[i] = t
+                b.pos[i] = pos0 + i
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = 0
+                b.logits[i] = logits == "all" or (logits == "last" and last_chunk and i == len(chunk) - 1)
+            b.n_tokens = len(chunk)
+            rc = L.llama_decode(self._ctx, b)
+            self.n_decode_calls += 1
+            if rc != 0:
+                self.rollback(pos0)
+                raise SpecliError(f"llama_decode failed with code {rc} at position {pos0}"
+                                  + (" (KV cache full)" if rc == 1 else ""))
+            self.tokens.extend(int(t) for t in chunk)
+            self.n_evaluated += len(chunk)
+            start += len(chunk)
+        if logits == "none":
+            return []
+        idx = range(n) if logits == "all" else [-1]
+        nv = self.model.n_vocab
+        return [np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, i), shape=(nv,)) for i in idx]
+
+    def rollback(self, n_keep: int) -> None:
+        """Drop every cached token from position ``n_keep`` on."""
+        if n_keep >= self.n_past:
+            return
+        ok = L.llama_memory_seq_rm(self._mem, 0, n_keep, -1)
+        if not ok:
+            raise SpecliError(f"{os.path.basename(self.model.path)}: this model's memory cannot drop a partial "
+                              "sequence (recurrent or hybrid architecture); run it with --draft none")
+        del self.tokens[n_keep:]
+
+    def clear(self) -> None:
+        L.llama_memory_clear(self._mem, True)
+        self.tokens.clear()
+
+    def sync(self, tokens: Sequence[int]) -> int:
+        """Make the cache hold a prefix of ``tokens`` that leaves at least the last token
+        un-evaluated; return the number of cached tokens kept (the common prefix)."""
+        n = 0
+        limit = min(len(self.tokens), len(tokens) - 1)
+        cached = self.tokens
+        while n < limit and cached[n] == tokens[n]:
+            n += 1
+        self.rollback(n)
+        return n

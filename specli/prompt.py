@@ -1,0 +1,53 @@
+"""Turn user text into prompt tokens: the GGUF's own chat template (rendered in a Jinja
+sandbox, as llama.cpp and transformers render it) or the raw text."""
+
+from __future__ import annotations
+
+import datetime
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .engine import Model
+from .errors import SpecliError
+
+
+def _raise(msg):
+    raise TemplateError(msg)
+
+
+def render_chat(template: str, messages: list[dict], bos: str = "", eos: str = "",
+                add_generation_prompt: bool = True) -> str:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    try:
+        return env.from_string(template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt,
+            bos_token=bos, eos_token=eos)
+    except TemplateError as e:
+        raise SpecliError(f"the model's chat template failed: {e}; use --raw") from None
+
+
+def chat_text(model: Model, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    tmpl = model.chat_template()
+    if not tmpl:
+        raise SpecliError(f"{model.name} has no chat template; use --raw")
+    return render_chat(tmpl, messages, model.detokenize([model.bos], special=True) if model.bos >= 0 else "",
+                       model.detokenize([model.eos], special=True) if model.eos >= 0 else "",
+                       add_generation_prompt)
+
+
+def tokenize_prompt(model: Model, text: str, templated: bool) -> list[int]:
+    """Tokens for the prompt. A template that writes the BOS text itself does not get a second BOS."""
+    toks = model.tokenize(text, add_special=True, parse_special=templated)
+    if len(toks) >= 2 and toks[0] == toks[1] == model.bos:
+        toks = toks[1:]
+    return toks
+
+
+def build_prompt(model: Model, text: str, chat: bool, system: str | None = None) -> list[int]:
+    if not chat:
+        return tokenize_prompt(model, text, templated=False)
+    msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+    return tokenize_prompt(model, chat_text(model, msgs), templated=True)

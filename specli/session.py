@@ -1,0 +1,85 @@
+"""Everything one generation needs, wired together: the resolved models, the target context,
+the drafter. The CLI commands build a Session from their options and only print."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from . import compat, models
+from .decode import Chunk, Stats, generate
+from .drafters import Drafter, LookupDrafter, ModelDrafter, NoDrafter
+from .engine import Context, ContextConfig, Model
+from .errors import SpecliError
+from .gguf_meta import read_gguf, vocab_from_header
+from .prompt import build_prompt
+from .verify import SamplingParams
+
+DRAFT_KEYWORDS = ("none", "lookup")
+
+
+@dataclass
+class Options:
+    target: str
+    draft: str = "none"
+    n_ctx: int = 4096
+    threads: int | None = None
+    gpu_layers: int = 0
+    draft_gpu_layers: int | None = None
+    draft_max: int = 8
+    draft_p_min: float = 0.6
+    lookup_ngram: tuple[int, int] = (1, 4)
+    lookup_min_match: int = 2
+    f32_kv: bool = False
+    notes: list[str] = field(default_factory=list)  # one-line decisions for stderr
+
+
+class Session:
+    def __init__(self, opts: Options, progress: Callable[[str], None] | None = None):
+        self.opts = opts
+        target_path = models.resolve(opts.target, progress)
+        draft_path = None if opts.draft in DRAFT_KEYWORDS else models.resolve(opts.draft, progress)
+        if draft_path:
+            # refuse an incompatible pair from the headers alone, before loading any weights
+            t, d = read_gguf(target_path), read_gguf(draft_path)
+            compat.ensure_compatible(vocab_from_header(t), vocab_from_header(d))
+        self.target = Model(target_path, n_gpu_layers=opts.gpu_layers)
+        n_ctx = min(opts.n_ctx, self.target.n_ctx_train) if opts.n_ctx > 0 else self.target.n_ctx_train
+        self.cfg = ContextConfig(n_ctx=n_ctx, n_threads=opts.threads, f32_kv=opts.f32_kv)
+        self.ctx = Context(self.target, self.cfg)
+        self.draft_model: Model | None = None
+        self.drafter = self._make_drafter(draft_path)
+
+    def _make_drafter(self, draft_path: str | None) -> Drafter:
+        o = self.opts
+        if o.draft != "none" and not self.target.can_rollback:
+            o.notes.append(f"{self.target.name} is a recurrent/hybrid model whose cache cannot drop "
+                           "rejected tokens: speculation is off, decoding plainly")
+            return NoDrafter()
+        if o.draft == "none":
+            return NoDrafter()
+        if o.draft == "lookup":
+            return LookupDrafter(*o.lookup_ngram, min_match=o.lookup_min_match)
+        dgl = o.gpu_layers if o.draft_gpu_layers is None else o.draft_gpu_layers
+        self.draft_model = Model(draft_path, n_gpu_layers=dgl)
+        # the loaded vocabularies are what llama.cpp will actually use: check them too
+        compat.ensure_compatible(self.target.vocab_info(), self.draft_model.vocab_info())
+        return ModelDrafter(self.draft_model, self.cfg, p_min=o.draft_p_min)
+
+    def prompt_tokens(self, text: str, chat: bool | None = None, system: str | None = None) -> list[int]:
+        if chat is None:
+            chat = self.target.chat_template() is not None
+        if not text.strip():
+            raise SpecliError("the prompt is empty")
+        return build_prompt(self.target, text, chat, system)
+
+    def generate(self, prompt: list[int], params: SamplingParams, max_tokens: int,
+                 stats: Stats | None = None) -> Iterator[Chunk]:
+        return generate(self.ctx, prompt, self.drafter, params, max_tokens, self.opts.draft_max, stats)
+
+    def close(self) -> None:
+        self.drafter.close()
+        self.ctx.close()
+        self.target.close()
+        if self.draft_model:
+            self.draft_model.close()
