@@ -88,7 +88,8 @@ Examples:
 @one_line_errors
 def run(
     target: str = typer.Option(..., "--target", "-m", help="Target GGUF: a path or a known model name."),
-    draft: str = typer.Option("lookup", "--draft", "-d", help="Draft GGUF (path or name), 'lookup' or 'none'."),
+    draft: str = typer.Option("auto", "--draft", "-d",
+                              help="Draft GGUF (path or name), 'lookup' (prompt lookup), 'auto' or 'none' (plain)."),
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="Prompt text (default: standard input)."),
     file: Optional[str] = typer.Option(None, "--file", "-f", help="Read the prompt from this file."),
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1, help="Most tokens to generate."),
@@ -96,9 +97,14 @@ def run(
     top_k: int = typer.Option(0, "--top-k", min=0, help="Top-k sampling (0: off)."),
     top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Top-p (nucleus) sampling (1: off)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Random seed for sampling."),
-    draft_max: int = typer.Option(8, "--draft-max", min=0, help="Most tokens drafted per step."),
+    draft_max: int = typer.Option(16, "--draft-max", min=0, help="Most tokens drafted per step."),
     draft_p_min: float = typer.Option(0.6, "--draft-p-min", min=0.0, max=1.0,
                                       help="Draft model stops when its top probability falls below this."),
+    adaptive: bool = typer.Option(True, "--adaptive/--fixed",
+                                  help="Choose the draft length per step from measured costs (default), "
+                                       "or always draft up to --draft-max."),
+    lookup: bool = typer.Option(True, "--lookup/--no-lookup",
+                                help="With a draft model, also copy from the context when it repeats."),
     ctx: int = typer.Option(4096, "--ctx", "-c", min=0, help="Context size in tokens (0: the model's own)."),
     threads: Optional[int] = typer.Option(None, "--threads", "-t", min=1, help="CPU threads."),
     gpu_layers: int = typer.Option(0, "--gpu-layers", "-ngl", help="Target layers to offload to the GPU (-1: all)."),
@@ -115,7 +121,7 @@ def run(
 
     text = read_prompt(prompt, file)
     opts = Options(target=target, draft=draft, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers,
-                   draft_max=draft_max, draft_p_min=draft_p_min)
+                   draft_max=draft_max, draft_p_min=draft_p_min, adaptive=adaptive, hybrid=lookup)
     sess = Session(opts, progress=lambda m: err(m))
     for note in opts.notes:
         err(note)
@@ -123,9 +129,11 @@ def run(
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, seed=seed)
     st = Stats()
     pieces: list[str] = []
+    out_tokens: list[int] = []
     interrupted = False
     try:
         for ch in sess.generate(toks, params, max_tokens, st):
+            out_tokens += ch.tokens
             if as_json:
                 pieces.append(ch.text)
             else:
@@ -135,7 +143,7 @@ def run(
         interrupted = True
         st.stop = "interrupted"
     if as_json:
-        out = {"text": "".join(pieces), "target": sess.target.path,
+        out = {"text": "".join(pieces), "tokens": out_tokens, "prompt_tokens": toks, "target": sess.target.path,
                "draft": sess.draft_model.path if sess.draft_model else opts.draft, "stats": st.to_dict()}
         print(json.dumps(out, ensure_ascii=False))
     elif not interrupted:
@@ -146,6 +154,79 @@ def run(
     sess.close()
     if interrupted:
         raise typer.Exit(130)
+
+
+BENCH_EPILOG = """
+Examples:
+
+  specli bench --target qwen2.5-coder-1.5b-instruct-q4_k_m --draft qwen2.5-coder-0.5b-instruct-q4_k_m
+
+  specli bench --target model.gguf --draft lookup --suite grounded --json --out report.json
+
+  specli bench --target model.gguf --suite my_prompts.yaml --modes plain,lookup --repeat 2
+"""
+
+
+@app.command(epilog=BENCH_EPILOG)
+@one_line_errors
+def bench(
+    target: str = typer.Option(..., "--target", "-m", help="Target GGUF: a path or a known model name."),
+    draft: str = typer.Option("auto", "--draft", "-d", help="Draft GGUF (path or name), 'lookup' or 'auto'."),
+    suite: str = typer.Option("code,grounded,chat,unpredictable", "--suite", "-s",
+                              help="Suite names (comma-separated) or a YAML/JSONL file of prompts."),
+    modes: str = typer.Option("plain,lookup,model,hybrid", "--modes",
+                              help="Modes to compare: plain, lookup, model, hybrid, lookup-fixed, model-fixed."),
+    max_tokens: int = typer.Option(128, "--max-tokens", "-n", min=1, help="Tokens per prompt."),
+    repeat: int = typer.Option(1, "--repeat", min=1, help="Measured passes over the suite."),
+    draft_max: int = typer.Option(16, "--draft-max", min=1, help="Most tokens drafted per step."),
+    ctx: int = typer.Option(4096, "--ctx", "-c", min=0, help="Context size in tokens."),
+    threads: Optional[int] = typer.Option(None, "--threads", "-t", min=1, help="CPU threads."),
+    gpu_layers: int = typer.Option(0, "--gpu-layers", "-ngl", help="Layers to offload to the GPU (-1: all)."),
+    compare_lcp: bool = typer.Option(False, "--compare-llama-cpp-python",
+                                     help="Also time llama-cpp-python's own LlamaPromptLookupDecoding."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Write the JSON report to this file."),
+):
+    """Plain vs speculative decoding side by side: speed, acceptance, and proof the text is the same."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from . import models
+    from .bench import run_bench
+    from .suite import load_suite
+
+    tpath = models.resolve(target, progress=err)
+    dpath = None if draft in ("lookup", "auto", "none") else models.resolve(draft, progress=err)
+    if dpath:
+        from . import compat
+        from .gguf_meta import read_gguf, vocab_from_header
+        compat.ensure_compatible(vocab_from_header(read_gguf(tpath)), vocab_from_header(read_gguf(dpath)))
+    elif draft == "auto":
+        err("--draft auto: no draft model known for this target; comparing plain and prompt lookup")
+    mode_list = [m.strip() for m in modes.split(",") if m.strip()]
+    if compare_lcp:
+        mode_list.append("llama-cpp-python-lookup")
+    suites = [load_suite(s.strip()) for s in suite.split(",") if s.strip()] if not os.path.exists(suite) \
+        else [load_suite(suite)]
+    console = Console(stderr=True)
+    reports = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console, transient=True, disable=as_json and not console.is_terminal) as prog:
+        task = prog.add_task("bench", total=1)
+        for s in suites:
+            def progress(desc, done, total, _s=s):
+                prog.update(task, description=f"{_s.name} · {desc}", completed=done, total=total)
+            reports.append(run_bench(tpath, dpath, s, mode_list, max_tokens, repeat, ctx, threads, draft_max,
+                                     gpu_layers, progress))
+    data = [r.to_dict() for r in reports]
+    if out:
+        with open(out, "w", encoding="utf-8") as f:
+            json.dump(data if len(data) > 1 else data[0], f, indent=1)
+    if as_json:
+        print(json.dumps(data if len(data) > 1 else data[0], indent=1))
+        return
+    from .report import render_tables
+    render_tables(reports, Console())
 
 
 def main() -> None:

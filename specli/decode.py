@@ -151,6 +151,9 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter, params: S
                 n, nxt = speculative_accept(d, p, q, rng)
             target.rollback(base + 1 + n)
             tc = time.perf_counter()
+            observe = getattr(drafter, "observe", None)
+            if observe is not None:
+                observe(draft, n, d[:n] + [nxt], tb - ta, tc - tb)
             st.t_draft += tb - ta
             st.t_verify += tc - tb
             st.steps += 1

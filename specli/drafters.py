@@ -9,10 +9,11 @@ with the context it is handed, so the loop never has to tell it what was accepte
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from .controller import Acceptance, Controller, lookup_key, marginal_token_pays
 from .engine import Context, ContextConfig, Model
 from .lookup import NgramIndex
 
@@ -34,6 +35,8 @@ class Drafter(Protocol):
 
     def close(self) -> None: ...
 
+    # optional: ``observe(draft, n_accepted, emitted, t_draft, t_verify)`` after each step
+
 
 class NoDrafter:
     """Plain decoding through the same loop: the baseline."""
@@ -53,7 +56,7 @@ class LookupDrafter:
 
     name = "lookup"
 
-    def __init__(self, n_min: int = 1, n_max: int = 4, min_match: int = 2):
+    def __init__(self, n_min: int = 1, n_max: int = 8, min_match: int = 2):
         self.index = NgramIndex(n_min, n_max)
         self.min_match = min_match
 
@@ -82,7 +85,10 @@ class ModelDrafter:
         self.ctx = Context(model, cfg)
         self.p_min = p_min
 
-    def propose(self, context: Sequence[int], max_len: int) -> Draft:
+    def propose(self, context: Sequence[int], max_len: int,
+                keep_going: Callable[[int, float], bool] | None = None) -> Draft:
+        """Draft up to ``max_len`` tokens greedily. Before adding token i (0-based) with top
+        probability p, stop if p < p_min or ``keep_going(i, p)`` says it no longer pays."""
         if max_len <= 0:
             return Draft([], "model")
         ctx = self.ctx
@@ -100,6 +106,8 @@ class ModelDrafter:
             p_top = 1.0 / float(np.exp(z, dtype=np.float32).sum())
             if toks and p_top < self.p_min:
                 break
+            if keep_going is not None and not keep_going(len(toks), p_top):
+                break
             toks.append(tok)
             conf.append(p_top)
             if len(toks) >= max_len or self.model.is_eog(tok):
@@ -109,3 +117,92 @@ class ModelDrafter:
 
     def close(self) -> None:
         self.ctx.close()
+
+
+CONFIDENCE_BINS = (0.3, 0.5, 0.7, 0.85, 0.95, 1.01)
+
+
+def confidence_bin(p: float) -> int:
+    for i, edge in enumerate(CONFIDENCE_BINS):
+        if p < edge:
+            return i
+    return len(CONFIDENCE_BINS) - 1
+
+
+class AdaptiveDrafter:
+    """Prompt lookup and/or a draft model under one cost-aware controller.
+
+    Each step it asks the controller which source and how many tokens pay best, given the
+    measured verify costs and what each source's drafts have been worth so far; lookup is
+    tried first (free), the draft model drafts only when it beats both lookup and plain
+    decoding, and stops as soon as its next token no longer pays. Lookup is scored even on
+    steps it did not draft (shadow accounting: its proposal is compared with what the target
+    emitted), so it is picked up again as soon as the text starts to repeat.
+    """
+
+    def __init__(self, controller: Controller, lookup: LookupDrafter | None = None,
+                 model: ModelDrafter | None = None):
+        if lookup is None and model is None:
+            raise ValueError("an adaptive drafter needs lookup, a draft model, or both")
+        self.ctl = controller
+        self.lookup = lookup
+        self.model = model
+        self.name = "hybrid" if lookup and model else ("lookup" if lookup else "model")
+        self.bins = [Acceptance(first=min(e, 1.0), rest=min(e, 1.0)) for e in CONFIDENCE_BINS]
+        self._pending: tuple[str, list[int]] | None = None  # lookup proposal not drafted
+        self.last = None  # the last Decision, for tests and stats
+
+    def propose(self, context: Sequence[int], max_len: int) -> Draft:
+        cands: dict[str, int] = {}
+        look: list[int] = []
+        look_key = ""
+        if self.lookup is not None:
+            d = self.lookup.propose(context, max_len)
+            if d.tokens:
+                look = d.tokens
+                look_key = lookup_key(int(d.confidence[0]))
+                cands[look_key] = len(look)
+        if self.model is not None:
+            cands["model"] = max_len
+        dec = self.ctl.decide(cands, k_cap=max_len)
+        self.last = dec
+        self._pending = (look_key, look) if look and not dec.source.startswith("lookup") else None
+        if dec.k == 0:
+            return Draft([], "none")
+        if dec.source.startswith("lookup"):
+            return Draft(look[:dec.k], dec.source, d.confidence[:dec.k])
+        if dec.probe:
+            return self.model.propose(context, dec.k)
+        ctl = self.ctl
+        p_all = 1.0
+
+        def keep_going(i: int, p_top: float) -> bool:
+            nonlocal p_all
+            p_all *= self.bins[confidence_bin(p_top)].alpha
+            return i == 0 or marginal_token_pays(p_all, i, ctl.cost.verify, ctl.cost.draft_token, dec.rate)
+
+        return self.model.propose(context, max_len, keep_going)
+
+    def observe(self, draft: Draft, n_accepted: int, emitted: list[int], t_draft: float, t_verify: float) -> None:
+        ctl = self.ctl
+        k = len(draft.tokens)
+        ctl.cost.observe_verify(k, t_verify)
+        if draft.source == "model":
+            ctl.cost.observe_draft(k + 1, t_draft)
+            for i, c in enumerate(draft.confidence[: n_accepted + 1]):
+                self.bins[confidence_bin(c)].observe(1, 1 if i < n_accepted else 0)
+        if k:
+            ctl.observe(draft.source, k, n_accepted)
+        if self._pending:
+            key, look = self._pending
+            agree = 0
+            for a, b in zip(look, emitted):
+                if a != b:
+                    break
+                agree += 1
+            ctl.observe(key, min(len(look), agree + 1, len(emitted)), agree)
+            self._pending = None
+
+    def close(self) -> None:
+        if self.model is not None:
+            self.model.close()

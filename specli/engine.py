@@ -59,6 +59,7 @@ class Model:
         _init_backend()
         self.header = read_gguf(path)  # clear errors for missing, non-GGUF and truncated files
         self.path = path
+        self.n_gpu_layers = n_gpu_layers
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = n_gpu_layers
         mp.vocab_only = vocab_only

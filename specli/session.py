@@ -6,16 +6,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from . import compat, models
+from . import calibrate, compat, models
+from .controller import Controller, CostModel
 from .decode import Chunk, Stats, generate
-from .drafters import Drafter, LookupDrafter, ModelDrafter, NoDrafter
+from .drafters import AdaptiveDrafter, Drafter, LookupDrafter, ModelDrafter, NoDrafter
 from .engine import Context, ContextConfig, Model
 from .errors import SpecliError
 from .gguf_meta import read_gguf, vocab_from_header
 from .prompt import build_prompt
 from .verify import SamplingParams
 
-DRAFT_KEYWORDS = ("none", "lookup")
+DRAFT_KEYWORDS = ("none", "lookup", "auto")
 
 
 @dataclass
@@ -26,9 +27,11 @@ class Options:
     threads: int | None = None
     gpu_layers: int = 0
     draft_gpu_layers: int | None = None
-    draft_max: int = 8
+    draft_max: int = 16
     draft_p_min: float = 0.6
-    lookup_ngram: tuple[int, int] = (1, 4)
+    adaptive: bool = True  # cost-aware controller; False: always draft up to draft_max
+    hybrid: bool = True  # with a draft model, also use prompt lookup when the context repeats
+    lookup_ngram: tuple[int, int] = (1, 8)
     lookup_min_match: int = 2
     f32_kv: bool = False
     notes: list[str] = field(default_factory=list)  # one-line decisions for stderr
@@ -56,15 +59,26 @@ class Session:
             o.notes.append(f"{self.target.name} is a recurrent/hybrid model whose cache cannot drop "
                            "rejected tokens: speculation is off, decoding plainly")
             return NoDrafter()
-        if o.draft == "none":
+        if o.draft == "none" or o.draft_max == 0:
             return NoDrafter()
-        if o.draft == "lookup":
-            return LookupDrafter(*o.lookup_ngram, min_match=o.lookup_min_match)
-        dgl = o.gpu_layers if o.draft_gpu_layers is None else o.draft_gpu_layers
-        self.draft_model = Model(draft_path, n_gpu_layers=dgl)
-        # the loaded vocabularies are what llama.cpp will actually use: check them too
-        compat.ensure_compatible(self.target.vocab_info(), self.draft_model.vocab_info())
-        return ModelDrafter(self.draft_model, self.cfg, p_min=o.draft_p_min)
+        if o.draft == "auto" and draft_path is None:
+            o.notes.append("--draft auto: no draft model known for this target, using prompt lookup")
+        model = None
+        if draft_path:
+            dgl = o.gpu_layers if o.draft_gpu_layers is None else o.draft_gpu_layers
+            self.draft_model = Model(draft_path, n_gpu_layers=dgl)
+            # the loaded vocabularies are what llama.cpp will actually use: check them too
+            compat.ensure_compatible(self.target.vocab_info(), self.draft_model.vocab_info())
+            model = ModelDrafter(self.draft_model, self.cfg, p_min=o.draft_p_min if not o.adaptive else 0.0)
+        lookup = None
+        if model is None or o.hybrid:
+            lookup = LookupDrafter(*o.lookup_ngram, min_match=o.lookup_min_match)
+        if not o.adaptive:
+            return model or lookup
+        verify = calibrate.verify_costs(self.ctx, o.draft_max)
+        dcost = calibrate.draft_token_cost(model.ctx) if model else 0.0
+        ctl = Controller(CostModel(verify, dcost), k_max=o.draft_max)
+        return AdaptiveDrafter(ctl, lookup, model)
 
     def prompt_tokens(self, text: str, chat: bool | None = None, system: str | None = None) -> list[int]:
         if chat is None:

@@ -1,0 +1,132 @@
+"""Measure what a verify pass of k tokens and a draft-model token cost on this machine, once
+per model + backend + threads, cached so the next run starts calibrated."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+from .engine import Context, system_info
+from .wheels import cache_dir
+
+CALIBRATION_VERSION = 1
+
+
+def _key(ctx: Context, k_max: int) -> str:
+    m = ctx.model
+    st = os.stat(m.path)
+    ident = f"{os.path.basename(m.path)}:{st.st_size}:{m.n_gpu_layers}:{ctx.threads}:{ctx.n_batch}:{k_max}:{system_info()}"
+    return hashlib.sha256(ident.encode()).hexdigest()[:20]
+
+
+def _path() -> Path:
+    return cache_dir().parent / "calibration.json"
+
+
+def _load() -> dict:
+    try:
+        d = json.loads(_path().read_text())
+        return d if d.get("version") == CALIBRATION_VERSION else {"version": CALIBRATION_VERSION}
+    except (OSError, ValueError):
+        return {"version": CALIBRATION_VERSION}
+
+
+def _store(key: str, value) -> None:
+    d = _load()
+    d[key] = value
+    p = _path()
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(d, indent=1))
+        os.replace(tmp, p)
+    except OSError:
+        pass  # a read-only cache only costs a calibration next time
+
+
+def _block(ctx: Context, n: int) -> list[int]:
+    # ordinary text tokens; what they are does not change the cost
+    base = ctx.model.tokenize(" the quick brown fox jumps over the lazy dog and then", add_special=False)
+    return (base * (n // max(1, len(base)) + 1))[:n]
+
+
+def measured_points(k_max: int) -> list[int]:
+    """Draft lengths timed directly: every k up to 4, then blocks of 8, 12, 16, 24, 32 tokens
+    (kernels switch at such sizes, so the curve has dips there); the rest is interpolated and
+    refined from real steps."""
+    pts = [k for k in range(min(k_max, 4) + 1)]
+    pts += [k for k in (7, 11, 15, 23, 31) if 4 < k <= k_max]
+    if k_max not in pts:
+        pts.append(k_max)
+    return sorted(pts)
+
+
+def interpolate(points: dict[int, float], k_max: int) -> list[float]:
+    ks = sorted(points)
+    out = []
+    for k in range(k_max + 1):
+        if k in points:
+            out.append(points[k])
+            continue
+        lo = max(x for x in ks if x < k)
+        hi = min(x for x in ks if x > k)
+        w = (k - lo) / (hi - lo)
+        out.append(points[lo] + w * (points[hi] - points[lo]))
+    return out
+
+
+def verify_costs(ctx: Context, k_max: int, reps: int = 2, use_cache: bool = True) -> list[float]:
+    """seconds[k] for a block of k + 1 tokens with logits for every row, k = 0..k_max."""
+    key = "verify:" + _key(ctx, k_max)
+    if use_cache:
+        cached = _load().get(key)
+        if isinstance(cached, list) and len(cached) == k_max + 1:
+            return [float(x) for x in cached]
+    saved = list(ctx.tokens)
+    ctx.clear()
+    prefix = _block(ctx, 64)
+    ctx.eval(prefix, "none")
+    for n in (1, k_max + 1):  # warm-up: the first pass of a shape allocates its graph
+        ctx.eval(_block(ctx, n), "all")
+        ctx.rollback(len(prefix))
+    points = {}
+    for k in measured_points(k_max):
+        best = float("inf")
+        for _ in range(reps):
+            t = time.perf_counter()
+            ctx.eval(_block(ctx, k + 1), "all")
+            best = min(best, time.perf_counter() - t)
+            ctx.rollback(len(prefix))
+        points[k] = best
+    costs = interpolate(points, k_max)
+    ctx.clear()
+    if saved:
+        ctx.eval(saved, "none")
+    _store(key, costs)
+    return costs
+
+
+def draft_token_cost(ctx: Context, reps: int = 4, use_cache: bool = True) -> float:
+    key = "draft:" + _key(ctx, 0)
+    if use_cache:
+        cached = _load().get(key)
+        if isinstance(cached, (int, float)):
+            return float(cached)
+    saved = list(ctx.tokens)
+    ctx.clear()
+    prefix = _block(ctx, 64)
+    ctx.eval(prefix, "none")
+    ctx.eval(_block(ctx, 1))  # warm-up
+    best = float("inf")
+    for tok in _block(ctx, reps):
+        t = time.perf_counter()
+        ctx.eval([tok])
+        best = min(best, time.perf_counter() - t)
+    ctx.clear()
+    if saved:
+        ctx.eval(saved, "none")
+    _store(key, best)
+    return best

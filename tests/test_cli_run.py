@@ -1,0 +1,114 @@
+"""`specli run` end to end on tiny models: output, JSON, stats, and one-line errors."""
+
+import json
+import os
+
+import pytest
+
+from clihelp import specli
+
+GREEDY = ["--raw", "--max-tokens", "40", "--temp", "0"]
+
+
+def _json(out):
+    return json.loads(out)
+
+
+def test_draft_model_and_lookup_print_exactly_the_plain_output(tiny_target, tiny_draft):
+    prompt = "The quick brown fox jumps over the lazy dog"
+    outs = {}
+    for draft in ("none", tiny_draft, "lookup"):
+        rc, out, err = specli("run", "--target", tiny_target, "--draft", draft, *GREEDY, stdin=prompt)
+        assert rc == 0, err
+        outs[draft] = out
+    assert outs["none"] == outs[tiny_draft] == outs["lookup"]
+    assert len(outs["none"].strip()) > 20
+
+
+def test_json_and_stats(tiny_target, tiny_draft):
+    rc, out, err = specli("run", "--target", tiny_target, "--draft", tiny_draft, *GREEDY, "--json", "--stats",
+                          "--prompt", "Hello there")
+    assert rc == 0, err
+    d = _json(out)
+    st = d["stats"]
+    assert st["mode"] == "model" and st["generated"] == 40 and st["stop"] == "max_tokens"
+    assert 0 < st["accepted"] <= st["drafted"]
+    assert st["acceptance"] == pytest.approx(st["accepted"] / st["drafted"])
+    assert st["mean_accepted"] == pytest.approx(st["accepted"] / st["spec_steps"])
+    assert st["tokens_per_s"] > 0 and st["t_draft"] > 0 and st["t_verify"] > 0
+    assert d["draft"] == tiny_draft and d["text"]
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("specli: 40 tokens,") and "accepted" in line and "draft" in line and "verify" in line
+
+
+def test_prompt_from_file_and_sampling_is_seeded(tmp_path, tiny_target):
+    p = tmp_path / "prompt.txt"
+    p.write_text("Once upon a time")
+    args = ["run", "--target", tiny_target, "--file", str(p), "--raw", "-n", "20", "--temp", "0.9",
+            "--top-p", "0.9", "--top-k", "40", "--seed", "7"]
+    a, b = specli(*args), specli(*args)
+    assert a[0] == 0 and a[1] == b[1]
+
+
+@pytest.mark.parametrize("args, stdin, needle", [
+    ([], "", "the prompt is empty (nothing on standard input)"),
+    ([], "   \n", "the prompt is empty"),
+    (["--file", "/nonexistent/prompt.txt"], "", "prompt file not found: /nonexistent/prompt.txt"),
+    (["--prompt", "x", "--file", "y"], "", "give the prompt once"),
+])
+def test_bad_prompt_input(tiny_target, args, stdin, needle):
+    rc, out, err = specli("run", "--target", tiny_target, *args, stdin=stdin)
+    assert rc != 0 and out == ""
+    assert err.strip().startswith(f"specli: error: {needle}")
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_terminal_stdin_without_prompt(tiny_target):
+    import pty
+    import subprocess
+    import sys
+    master, slave = pty.openpty()
+    r = subprocess.run([sys.executable, "-m", "specli", "run", "--target", tiny_target], stdin=slave,
+                       capture_output=True, text=True, timeout=60)
+    os.close(master)
+    os.close(slave)
+    assert r.returncode != 0
+    assert r.stderr.strip() == ("specli: error: no prompt: pipe text in (specli run < prompt.txt), "
+                                "or use --prompt or --file")
+
+
+def test_bad_model_files(tmp_path, tiny_target):
+    trunc = tmp_path / "trunc.gguf"
+    trunc.write_bytes(open(tiny_target, "rb").read()[:-4096])
+    junk = tmp_path / "junk.gguf"
+    junk.write_text("not a model")
+    cases = [
+        (["--target", str(tmp_path / "missing.gguf")], "model file not found"),
+        (["--target", str(trunc)], "truncated GGUF file"),
+        (["--target", str(junk)], "not a GGUF file"),
+        (["--target", tiny_target, "--draft", str(trunc)], "truncated GGUF file"),
+        (["--target", "no-such-model"], "unknown model 'no-such-model'"),
+    ]
+    for args, needle in cases:
+        rc, out, err = specli("run", *args, "--prompt", "hi")
+        assert rc != 0, args
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0] and "Traceback" not in err, (args, err)
+
+
+def test_tokenizer_mismatch_is_refused_before_loading(tiny_target, tiny_draft_edited):
+    rc, out, err = specli("run", "--target", tiny_target, "--draft", tiny_draft_edited, "--prompt", "hi")
+    assert rc != 0 and out == ""
+    assert err.strip().startswith("specli: error: draft vocabulary differs from target at token 1234: ")
+    assert "'zzspecli'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_prompt_longer_than_context(tiny_target):
+    rc, out, err = specli("run", "--target", tiny_target, "--ctx", "256", "--raw", stdin="word " * 400)
+    assert rc != 0
+    assert "longer than the context (--ctx 256)" in err and len(err.strip().splitlines()) == 1
+
+
+def test_help_has_examples():
+    rc, out, _ = specli("run", "--help")
+    assert rc == 0 and "Examples" in out and "--draft" in out

@@ -1,0 +1,141 @@
+"""The cost-aware controller on synthetic cost curves and acceptance sequences."""
+
+import pytest
+
+from specli.controller import (Acceptance, Controller, CostModel, best_length, expected_accepted,
+                               marginal_token_pays, step_rate)
+from specli.drafters import AdaptiveDrafter, Draft, LookupDrafter
+
+# the 1.5B target on a 2-core CPU: verifying k+1 tokens costs this many single-token passes
+CPU_CURVE = [1.0, 1.5, 2.0, 2.2, 2.6, 3.0, 3.1, 4.0, 4.8]
+GPU_CURVE = [1.0, 1.02, 1.04, 1.05, 1.06, 1.08, 1.1, 1.12, 1.15]
+T = 0.06  # seconds per target token
+
+
+def curve(c):
+    return [x * T for x in c]
+
+
+def test_expected_accepted():
+    assert expected_accepted(0.5, 0) == 0
+    assert expected_accepted(0.5, 1) == pytest.approx(0.5)
+    assert expected_accepted(0.5, 3) == pytest.approx(0.5 + 0.25 + 0.125)
+    assert expected_accepted(1.0, 4) == 4
+    assert expected_accepted(0.5, 2, first=0.2) == pytest.approx(0.2 * 1.5)
+
+
+def test_useless_draft_means_plain_decoding():
+    k, rate = best_length(0.05, curve(CPU_CURVE), draft_token=0.4 * T, k_max=8)
+    assert k == 0 and rate == pytest.approx(1 / T)
+    # even a free drafter does not pay when it is always wrong
+    assert best_length(0.0, curve(GPU_CURVE), 0.0, 8)[0] == 0
+
+
+def test_good_drafts_and_cheap_verification_mean_long_drafts():
+    k, rate = best_length(0.9, curve(GPU_CURVE), draft_token=0.05 * T, k_max=8)
+    assert k == 8 and rate > 3 / T
+    # the same drafts on a CPU, where verification is not free: shorter
+    k_cpu, _ = best_length(0.9, curve(CPU_CURVE), draft_token=0.05 * T, k_max=8)
+    assert 1 <= k_cpu < 8
+
+
+def test_draft_model_cost_can_make_speculation_lose():
+    # 0.75 of a target token per draft token (the 0.5B draft on this CPU): even 90% acceptance loses
+    assert best_length(0.9, curve(CPU_CURVE), draft_token=0.75 * T, k_max=8, draft_step=0.75 * T)[0] == 0
+    # at 0.2 of a target token it pays
+    assert best_length(0.9, curve(CPU_CURVE), draft_token=0.2 * T, k_max=8, draft_step=0.2 * T)[0] >= 1
+
+
+def test_step_rate_counts_the_bonus_token():
+    assert step_rate(1.0, 2, [1.0, 1.0, 1.0], 0.0) == 3.0
+
+
+def test_marginal_token_rule():
+    v = curve(GPU_CURVE)
+    assert marginal_token_pays(0.9, 2, v, 0.01 * T, rate=2 / T)
+    assert not marginal_token_pays(0.05, 2, v, 0.3 * T, rate=2 / T)
+    assert not marginal_token_pays(1.0, len(v) - 1, v, 0.0, rate=1.0)  # no room left
+
+
+def test_acceptance_reacts_when_it_drops():
+    a = Acceptance()
+    for _ in range(30):
+        a.observe(4, 4)
+    high = a.alpha
+    assert high > 0.9
+    for _ in range(10):
+        a.observe(4, 0)
+    assert a.alpha < 0.5 < high
+    # tokens after the first rejection are not evidence either way
+    b = Acceptance(first=0.5, rest=0.5, weight=2.0, decay=1.0)
+    b.observe(8, 2)  # first accepted; second accepted, third rejected; 4..8 untested
+    assert (b.f_ok, b.f_n) == (2.0, 3.0)
+    assert (b.r_ok, b.r_n) == (2.0, 4.0)
+    b.observe(3, 0)
+    assert (b.f_ok, b.f_n) == (2.0, 4.0) and b.r_n == 4.0
+
+
+def test_first_and_later_tokens_are_learned_apart():
+    a = Acceptance(decay=1.0)
+    for _ in range(50):
+        a.observe(6, 0)  # half the time the first token misses...
+        a.observe(6, 6)  # ...but a copy that starts right stays right
+    assert 0.45 < a.alpha_first < 0.55 and a.alpha_rest > 0.95
+    assert a.expected(4) == pytest.approx(a.alpha_first * sum(a.alpha_rest ** i for i in range(4)))
+
+
+def test_controller_turns_a_losing_drafter_off_and_probes_it():
+    ctl = Controller(CostModel(curve(CPU_CURVE), draft_token=0.4 * T), k_max=8, probe_every=5)
+    for _ in range(20):
+        d = ctl.decide({"model": 8})
+        ctl.observe(d.source, d.k, 0)  # every draft rejected
+    assert ctl.plain_steps >= 12
+    probes = 0
+    for _ in range(20):
+        d = ctl.decide({"model": 8})
+        probes += d.probe
+        assert d.k == 0 or d.probe
+    assert probes == 4  # one every 5 plain steps
+    # drafts become good: the probe results turn speculation back on
+    for _ in range(20):
+        ctl.observe("model", 2, 2)
+    assert ctl.decide({"model": 8}).k > 0
+
+
+def test_controller_prefers_the_free_lookup_on_repeated_text():
+    ctl = Controller(CostModel(curve(CPU_CURVE), draft_token=0.4 * T), k_max=8)
+    for _ in range(10):
+        ctl.observe("lookup:4", 6, 6)
+        ctl.observe("model", 4, 2)
+    d = ctl.decide({"lookup:4": 6, "model": 8})
+    assert d.source == "lookup:4" and d.k >= 2
+    # no match this step: only the model is a candidate
+    assert ctl.decide({"model": 8}).source in ("model", "none")
+
+
+def test_hybrid_drafter_copies_from_a_repeated_context():
+    ctl = Controller(CostModel(curve(CPU_CURVE)), k_max=8)
+    for _ in range(5):
+        ctl.observe("lookup:4", 8, 8)
+    h = AdaptiveDrafter(ctl, lookup=LookupDrafter())
+    text = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 99, 11, 12, 13, 14]
+    d = h.propose(text, 8)
+    assert d.source == "lookup:4" and d.tokens[:3] == [15, 16, 17]
+    # shadow accounting: where verification is too dear to draft at all, the lookup proposal
+    # is still scored against what the target emitted
+    ctl2 = Controller(CostModel([T] + [100 * T] * 8), k_max=8)
+    h2 = AdaptiveDrafter(ctl2, lookup=LookupDrafter())
+    assert h2.propose(text, 8).tokens == []
+    key = h2.last and "lookup:4"
+    before = ctl2.acceptance(key).f_n
+    h2.observe(Draft([], "none"), 0, [15], 0.0, T)  # the target emitted 15, as lookup proposed
+    a = ctl2.acceptance(key)
+    assert a.f_n == pytest.approx(before * a.decay + 1) and a.alpha_first > 0.85
+
+
+def test_costs_follow_measured_steps():
+    cm = CostModel([1.0, 2.0], draft_token=0.5, smoothing=0.5)
+    cm.observe_verify(1, 1.0)
+    assert cm.verify[1] == pytest.approx(1.5)
+    cm.observe_draft(2, 0.2)
+    assert cm.draft_token == pytest.approx(0.3)
