@@ -24,7 +24,7 @@ from .prompt import build_prompt
 from .suite import Suite
 from .verify import SamplingParams
 
-MODES = ("plain", "lookup", "model", "hybrid", "lookup-fixed", "model-fixed", "llama-cpp-python-lookup")
+MODES = ("plain", "lookup", "lookup-fixed", "llama-cpp-python-lookup", "model", "hybrid", "model-fixed")
 
 
 @dataclass
@@ -120,13 +120,18 @@ def run_bench(target_path: str, draft_path: str | None, suite: Suite, modes: lis
     target = Model(target_path, n_gpu_layers=gpu_layers)
     cfg = ContextConfig(n_ctx=min(n_ctx, target.n_ctx_train), n_threads=threads)
     ctx = Context(target, cfg)
-    draft_model = Model(draft_path, n_gpu_layers=gpu_layers) if draft_path else None
     use_chat = target.chat_template() is not None if chat is None else chat
     prompts = [(p, build_prompt(target, p.text, use_chat)) for p in suite.prompts]
     verify = calibrate.verify_costs(ctx, draft_max)
-    mdrafter = ModelDrafter(draft_model, cfg, p_min=0.0) if draft_model else None
-    dcost = calibrate.draft_token_cost(mdrafter.ctx) if mdrafter else 0.0
+    mdrafter: ModelDrafter | None = None  # loaded when the first mode needs it (peak RSS per mode)
+    dcost = 0.0
     lcp = None
+
+    def load_draft() -> None:
+        nonlocal mdrafter, dcost
+        if mdrafter is None:
+            mdrafter = ModelDrafter(Model(draft_path, n_gpu_layers=gpu_layers), cfg, p_min=0.0)
+            dcost = calibrate.draft_token_cost(mdrafter.ctx)
 
     def make(mode: str):
         if mode == "plain":
@@ -139,9 +144,10 @@ def run_bench(target_path: str, draft_path: str | None, suite: Suite, modes: lis
         return AdaptiveDrafter(ctl, LookupDrafter() if mode in ("lookup", "hybrid") else None,
                                mdrafter if mode in ("model", "hybrid") else None)
 
-    modes = [m for m in modes if m in MODES]
-    if not draft_model:
-        modes = [m for m in modes if m not in ("model", "hybrid", "model-fixed")]
+    needs_draft = ("model", "hybrid", "model-fixed")
+    modes = [m for m in MODES if m in modes]  # this order: modes without the draft model first
+    if not draft_path:
+        modes = [m for m in modes if m not in needs_draft]
     results = {m: ModeResult(m) for m in modes}
     reference: dict[str, list[int]] = {}
     total = len(modes) * (len(prompts) * repeat + 1)
@@ -162,6 +168,8 @@ def run_bench(target_path: str, draft_path: str | None, suite: Suite, modes: lis
 
     try:
         for mode in modes:
+            if mode in needs_draft:
+                load_draft()
             if mode == "llama-cpp-python-lookup":
                 lcp = _LlamaCppPythonLookup(target_path, cfg.n_ctx, ctx.threads, draft_max)
             if progress:
@@ -198,6 +206,7 @@ def run_bench(target_path: str, draft_path: str | None, suite: Suite, modes: lis
         ctx.close()
         if mdrafter:
             mdrafter.close()
+            mdrafter.model.close()
     if "plain" in results and results["plain"].tokens_per_s:
         base = results["plain"].tokens_per_s
         for r in results.values():

@@ -107,7 +107,13 @@ def run(
                                 help="With a draft model, also copy from the context when it repeats."),
     ctx: int = typer.Option(4096, "--ctx", "-c", min=0, help="Context size in tokens (0: the model's own)."),
     threads: Optional[int] = typer.Option(None, "--threads", "-t", min=1, help="CPU threads."),
-    gpu_layers: int = typer.Option(0, "--gpu-layers", "-ngl", help="Target layers to offload to the GPU (-1: all)."),
+    gpu_layers: Optional[int] = typer.Option(None, "--gpu-layers", "-ngl",
+                                             help="Target layers on the GPU (-1: all; default: the hardware plan)."),
+    draft_gpu_layers: Optional[int] = typer.Option(None, "--draft-gpu-layers",
+                                                   help="Draft layers on the GPU (default: the hardware plan)."),
+    vram: Optional[str] = typer.Option(None, "--vram", help="GPU memory budget, e.g. 6GiB (default: detected; "
+                                                             "env SPECLI_VRAM)."),
+    plan: bool = typer.Option(False, "--plan", help="Print where each model would go, and why; generate nothing."),
     chat: Optional[bool] = typer.Option(None, "--chat/--raw",
                                         help="Apply the model's chat template (default when it has one)."),
     system: Optional[str] = typer.Option(None, "--system", help="System prompt (with --chat)."),
@@ -119,13 +125,17 @@ def run(
     from .session import Options, Session
     from .verify import SamplingParams
 
-    text = read_prompt(prompt, file)
     opts = Options(target=target, draft=draft, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers,
-                   draft_max=draft_max, draft_p_min=draft_p_min, adaptive=adaptive, hybrid=lookup)
+                   draft_gpu_layers=draft_gpu_layers, vram=vram, draft_max=draft_max, draft_p_min=draft_p_min,
+                   adaptive=adaptive, hybrid=lookup)
+    if plan:
+        print_plan(opts)
+        return
+    text = read_prompt(prompt, file)
     sess = Session(opts, progress=lambda m: err(m))
+    toks = sess.prompt_tokens(text, chat, system)
     for note in opts.notes:
         err(note)
-    toks = sess.prompt_tokens(text, chat, system)
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, seed=seed)
     st = Stats()
     pieces: list[str] = []
@@ -154,6 +164,54 @@ def run(
     sess.close()
     if interrupted:
         raise typer.Exit(130)
+
+
+def print_plan(opts) -> None:
+    from . import models
+    from .gguf_meta import read_gguf
+    from .plan import fmt, memory_from_header
+    from .session import DRAFT_KEYWORDS, plan_for
+
+    tpath = models.resolve(opts.target, progress=err)
+    dpath = None if opts.draft in DRAFT_KEYWORDS else models.resolve(opts.draft, progress=err)
+    p, hw, n_ctx = plan_for(opts, tpath, dpath)
+    budget = "none (CPU only)" if hw.budget is None else f"{fmt(hw.budget)} ({hw.budget_source})"
+    print(f"backend      {', '.join(hw.backends)} (GPU offload {'yes' if hw.can_offload else 'no'})")
+    print(f"GPU budget   {budget}")
+    print(f"context      {n_ctx} tokens")
+    for label, path in (("target", tpath), ("draft", dpath)):
+        if path:
+            m = memory_from_header(read_gguf(path), name=label)
+            print(f"{label:<12} {os.path.basename(path)}: weights {fmt(m.weights)} in {m.n_layer} layers, "
+                  f"KV {fmt(m.kv(n_ctx))}, buffers {fmt(m.compute())}, all on GPU {fmt(m.gpu_bytes(-1, n_ctx))}")
+    layers = "all" if p.target_gpu_layers < 0 else str(p.target_gpu_layers)
+    dl = "all" if p.draft_gpu_layers < 0 else str(p.draft_gpu_layers)
+    print(f"plan         target layers on GPU: {layers}; drafter: {p.draft}"
+          + (f" (draft layers on GPU: {dl})" if p.draft == "model" else ""))
+    print(f"why          {p.summary} [{p.branch}]")
+
+
+@app.command()
+@one_line_errors
+def doctor(vram: Optional[str] = typer.Option(None, "--vram", help="Pretend this much GPU memory is free.")):
+    """What this machine and this llama.cpp build can do, and how to fix a build that cannot use the GPU."""
+    from .hardware import detect, reinstall_hint
+    from .plan import fmt
+
+    hw = detect(vram)
+    print(f"llama-cpp-python {hw.llama_cpp_python}; backends: {', '.join(hw.backends)}")
+    print(f"GPU offload in this build: {'yes' if hw.can_offload else 'no'}")
+    if hw.devices:
+        for d in hw.devices:
+            print(f"device: {d.name} ({d.kind}), {fmt(d.free)} free of {fmt(d.total)}")
+    else:
+        print("devices: no GPU found (nvidia-smi absent or silent; not Apple silicon): CPU only")
+    print(f"budget specli plans with: {'none' if hw.budget is None else fmt(hw.budget)} ({hw.budget_source})")
+    print(f"CPU threads: {hw.threads}")
+    print(f"llama.cpp: {hw.system_info}")
+    hint = reinstall_hint(hw)
+    if hint:
+        print(f"this build cannot use your GPU; reinstall with:\n  {hint}")
 
 
 BENCH_EPILOG = """

@@ -159,6 +159,10 @@ class Controller:
     free_sources: tuple[str, ...] = ("lookup",)  # drafting costs ~nothing (no model)
     plain_streak: int = 0
     plain_steps: int = 0
+    probes: int = 0
+
+    def __post_init__(self):
+        self.probe_gap = self.probe_every
 
     def acceptance(self, source: str) -> Acceptance:
         if source not in self.sources:
@@ -185,14 +189,34 @@ class Controller:
                 best = Decision(src, k, rate, plain_rate)
         if best.k == 0:
             self.plain_streak += 1
-            paid = [s for s in candidates if s.split(":")[0] not in self.free_sources]
-            if paid and k_lim > 0 and self.plain_streak >= self.probe_every:
-                self.plain_streak = 0
-                return Decision(paid[0], min(self.probe_len, k_lim), plain_rate, plain_rate, probe=True)
+            probe = self._probe(candidates, k_lim, plain_rate)
+            if probe is not None:
+                return probe
             self.plain_steps += 1
         else:
             self.plain_streak = 0
+            if not best.source.split(":")[0] in self.free_sources:
+                self.probe_gap = self.probe_every
         return best
+
+    def _probe(self, candidates: dict[str, int], k_lim: int, plain_rate: float) -> Decision | None:
+        """Now and then, draft a little with a paid drafter that is currently off, to notice
+        when its drafts turn good. Never for a drafter that would lose even if it were always
+        right (its cost alone rules it out), and less often after each probe that changes
+        nothing (the gap doubles, up to 16 times)."""
+        if self.plain_streak < self.probe_gap or k_lim <= 0:
+            return None
+        for src in candidates:
+            if src.split(":")[0] in self.free_sources:
+                continue
+            dt, ds = self.draft_costs(src)
+            if best_length(0.95, self.cost.verify, dt, k_lim, ds, 0.95)[0] == 0:
+                continue
+            self.plain_streak = 0
+            self.probe_gap = min(self.probe_gap * 2, self.probe_every * 16)
+            self.probes += 1
+            return Decision(src, min(self.probe_len, k_lim), plain_rate, plain_rate, probe=True)
+        return None
 
     def observe(self, source: str, n_drafted: int, n_accepted: int) -> None:
         if n_drafted > 0:

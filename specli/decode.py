@@ -91,6 +91,12 @@ class _Detok:
 DraftLength = Callable[[], int]
 
 
+def check_prompt_fits(n_prompt: int, n_ctx: int) -> None:
+    if n_prompt >= n_ctx:
+        raise SpecliError(f"the prompt is {n_prompt} tokens, longer than the context "
+                          f"(--ctx {n_ctx}); use a larger --ctx or a shorter prompt")
+
+
 def generate(target: Context, prompt: Sequence[int], drafter: Drafter, params: SamplingParams,
              max_tokens: int = 256, draft_max: int | DraftLength = 8,
              stats: Stats | None = None) -> Iterator[Chunk]:
@@ -106,9 +112,7 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter, params: S
     prompt = list(prompt)
     if not prompt:
         raise SpecliError("the prompt is empty")
-    if len(prompt) >= target.n_ctx:
-        raise SpecliError(f"the prompt is {len(prompt)} tokens, longer than the context "
-                          f"(--ctx {target.n_ctx}); use a larger --ctx or a shorter prompt")
+    check_prompt_fits(len(prompt), target.n_ctx)
     rng = np.random.default_rng(params.seed)
     greedy = params.greedy
     detok = _Detok(model.piece)

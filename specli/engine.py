@@ -238,6 +238,11 @@ class Context:
                               "sequence (recurrent or hybrid architecture); run it with --draft none")
         del self.tokens[n_keep:]
 
+    def repair(self) -> None:
+        """Drop cache entries past the tokens this object knows of (after an interrupt
+        between llama_decode and the bookkeeping)."""
+        L.llama_memory_seq_rm(self._mem, 0, len(self.tokens), -1)
+
     def clear(self) -> None:
         L.llama_memory_clear(self._mem, True)
         self.tokens.clear()

@@ -8,11 +8,13 @@ from typing import Callable, Iterator
 
 from . import calibrate, compat, models
 from .controller import Controller, CostModel
-from .decode import Chunk, Stats, generate
+from .decode import Chunk, Stats, check_prompt_fits, generate
 from .drafters import AdaptiveDrafter, Drafter, LookupDrafter, ModelDrafter, NoDrafter
 from .engine import Context, ContextConfig, Model
 from .errors import SpecliError
 from .gguf_meta import read_gguf, vocab_from_header
+from .hardware import Hardware, detect
+from .plan import Plan, make_plan, memory_from_header
 from .prompt import build_prompt
 from .verify import SamplingParams
 
@@ -25,8 +27,9 @@ class Options:
     draft: str = "none"
     n_ctx: int = 4096
     threads: int | None = None
-    gpu_layers: int = 0
+    gpu_layers: int | None = None  # None: the hardware plan decides
     draft_gpu_layers: int | None = None
+    vram: str | None = None  # overrides the detected GPU budget (--vram / SPECLI_VRAM)
     draft_max: int = 16
     draft_p_min: float = 0.6
     adaptive: bool = True  # cost-aware controller; False: always draft up to draft_max
@@ -35,6 +38,19 @@ class Options:
     lookup_min_match: int = 2
     f32_kv: bool = False
     notes: list[str] = field(default_factory=list)  # one-line decisions for stderr
+
+
+def plan_for(opts: Options, target_path: str, draft_path: str | None) -> tuple[Plan, Hardware, int]:
+    """The hardware plan for these models and options, from the headers alone."""
+    th = read_gguf(target_path)
+    dh = read_gguf(draft_path) if draft_path else None
+    n_ctx_train = int(th.arch_key("context_length", 4096) or 4096)
+    n_ctx = min(opts.n_ctx, n_ctx_train) if opts.n_ctx > 0 else n_ctx_train
+    hw = detect(opts.vram)
+    wants = "none" if opts.draft == "none" else ("model" if draft_path else "lookup")
+    plan = make_plan(memory_from_header(th, name="target"), memory_from_header(dh, name="draft") if dh else None,
+                     hw.budget, n_ctx, hw.can_offload or hw.budget_source != "detected", wants_draft=wants)
+    return plan, hw, n_ctx
 
 
 class Session:
@@ -46,7 +62,15 @@ class Session:
             # refuse an incompatible pair from the headers alone, before loading any weights
             t, d = read_gguf(target_path), read_gguf(draft_path)
             compat.ensure_compatible(vocab_from_header(t), vocab_from_header(d))
-        self.target = Model(target_path, n_gpu_layers=opts.gpu_layers)
+        self.plan, self.hardware, _ = plan_for(opts, target_path, draft_path)
+        if self.hardware.budget is not None:
+            opts.notes.append(self.plan.summary)
+        if draft_path and self.plan.draft == "lookup":
+            draft_path = None  # the GPU cannot hold both: the plan falls back to prompt lookup
+        gpu_layers = self.plan.target_gpu_layers if opts.gpu_layers is None else opts.gpu_layers
+        if opts.draft_gpu_layers is None:
+            opts.draft_gpu_layers = self.plan.draft_gpu_layers if opts.gpu_layers is None else opts.gpu_layers
+        self.target = Model(target_path, n_gpu_layers=gpu_layers)
         n_ctx = min(opts.n_ctx, self.target.n_ctx_train) if opts.n_ctx > 0 else self.target.n_ctx_train
         self.cfg = ContextConfig(n_ctx=n_ctx, n_threads=opts.threads, f32_kv=opts.f32_kv)
         self.ctx = Context(self.target, self.cfg)
@@ -65,8 +89,7 @@ class Session:
             o.notes.append("--draft auto: no draft model known for this target, using prompt lookup")
         model = None
         if draft_path:
-            dgl = o.gpu_layers if o.draft_gpu_layers is None else o.draft_gpu_layers
-            self.draft_model = Model(draft_path, n_gpu_layers=dgl)
+            self.draft_model = Model(draft_path, n_gpu_layers=o.draft_gpu_layers or 0)
             # the loaded vocabularies are what llama.cpp will actually use: check them too
             compat.ensure_compatible(self.target.vocab_info(), self.draft_model.vocab_info())
             model = ModelDrafter(self.draft_model, self.cfg, p_min=o.draft_p_min if not o.adaptive else 0.0)
@@ -85,7 +108,9 @@ class Session:
             chat = self.target.chat_template() is not None
         if not text.strip():
             raise SpecliError("the prompt is empty")
-        return build_prompt(self.target, text, chat, system)
+        toks = build_prompt(self.target, text, chat, system)
+        check_prompt_fits(len(toks), self.ctx.n_ctx)
+        return toks
 
     def generate(self, prompt: list[int], params: SamplingParams, max_tokens: int,
                  stats: Stats | None = None) -> Iterator[Chunk]:

@@ -27,7 +27,7 @@ def test_draft_model_and_lookup_print_exactly_the_plain_output(tiny_target, tiny
 
 def test_json_and_stats(tiny_target, tiny_draft):
     rc, out, err = specli("run", "--target", tiny_target, "--draft", tiny_draft, *GREEDY, "--json", "--stats",
-                          "--prompt", "Hello there")
+                          "--fixed", "--no-lookup", "--draft-max", "4", "--prompt", "Hello there")
     assert rc == 0, err
     d = _json(out)
     st = d["stats"]
@@ -39,6 +39,17 @@ def test_json_and_stats(tiny_target, tiny_draft):
     assert d["draft"] == tiny_draft and d["text"]
     line = err.strip().splitlines()[-1]
     assert line.startswith("specli: 40 tokens,") and "accepted" in line and "draft" in line and "verify" in line
+
+
+def test_adaptive_turns_off_a_draft_that_cannot_pay(tiny_target, tiny_draft):
+    """The tiny draft is as big as the tiny target: drafting costs as much as it saves, so the
+    controller decodes (almost) plainly, probing the draft now and then."""
+    rc, out, err = specli("run", "--target", tiny_target, "--draft", tiny_draft, "--no-lookup", "--raw",
+                          "-n", "200", "--json", "--prompt", "Hello there")
+    assert rc == 0, err
+    st = _json(out)["stats"]
+    assert st["mode"] == "model"
+    assert st["spec_steps"] <= 0.25 * st["steps"], st
 
 
 def test_prompt_from_file_and_sampling_is_seeded(tmp_path, tiny_target):

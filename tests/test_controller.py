@@ -84,22 +84,29 @@ def test_first_and_later_tokens_are_learned_apart():
     assert a.expected(4) == pytest.approx(a.alpha_first * sum(a.alpha_rest ** i for i in range(4)))
 
 
-def test_controller_turns_a_losing_drafter_off_and_probes_it():
-    ctl = Controller(CostModel(curve(CPU_CURVE), draft_token=0.4 * T), k_max=8, probe_every=5)
-    for _ in range(20):
+def test_controller_turns_a_losing_drafter_off_and_probes_it_less_and_less():
+    ctl = Controller(CostModel(curve(CPU_CURVE), draft_token=0.1 * T), k_max=8, probe_every=5)
+    steps = []
+    for i in range(200):
         d = ctl.decide({"model": 8})
         ctl.observe(d.source, d.k, 0)  # every draft rejected
-    assert ctl.plain_steps >= 12
-    probes = 0
-    for _ in range(20):
-        d = ctl.decide({"model": 8})
-        probes += d.probe
-        assert d.k == 0 or d.probe
-    assert probes == 4  # one every 5 plain steps
+        steps.append(d)
+    probes = [i for i, d in enumerate(steps) if d.probe]
+    assert all(d.k == 0 or d.probe for d in steps[10:])
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps[:3] == [10, 20, 40]  # the gap doubles
+    assert ctl.plain_steps > 180
     # drafts become good: the probe results turn speculation back on
     for _ in range(20):
         ctl.observe("model", 2, 2)
     assert ctl.decide({"model": 8}).k > 0
+
+
+def test_a_drafter_too_slow_to_ever_pay_is_never_probed():
+    # 0.75 of a target token per draft token, on the CPU curve: even perfect drafts lose
+    ctl = Controller(CostModel(curve(CPU_CURVE), draft_token=0.75 * T), k_max=8, probe_every=4)
+    assert not any(ctl.decide({"model": 8}).k for _ in range(100))
+    assert ctl.probes == 0 and ctl.plain_steps == 100
 
 
 def test_controller_prefers_the_free_lookup_on_repeated_text():

@@ -1,0 +1,76 @@
+"""A multi-turn conversation over one Session: the chat template renders the whole history
+each turn, and the target's KV cache keeps the conversation so far, so only the new turn is
+prefilled."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from .decode import Chunk, Stats
+from .errors import SpecliError
+from .prompt import chat_text, tokenize_prompt
+from .session import Session
+from .verify import SamplingParams
+
+
+def trim_history(messages: list[dict], fits: Callable[[list[dict]], bool]) -> tuple[list[dict], int]:
+    """Drop the oldest user/assistant turns (never the system prompt, never the last user
+    message) until ``fits(messages)``; returns (messages, number of messages dropped)."""
+    msgs = list(messages)
+    dropped = 0
+    while not fits(msgs):
+        first = 1 if msgs and msgs[0]["role"] == "system" else 0
+        if len(msgs) - first <= 1:
+            raise SpecliError("this message alone does not fit in the context; shorten it or use a larger --ctx")
+        # drop a whole exchange (user + assistant) when there is one
+        n = 2 if len(msgs) - first >= 3 and msgs[first + 1]["role"] == "assistant" else 1
+        del msgs[first:first + n]
+        dropped += n
+    return msgs, dropped
+
+
+@dataclass
+class Chat:
+    session: Session
+    params: SamplingParams
+    max_tokens: int = 512
+    system: str | None = None
+    messages: list[dict] = field(default_factory=list)
+    last: Stats | None = None
+    turns: list[Stats] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+        self.session.ctx.clear()
+        self.turns = []
+        self.last = None
+
+    def _tokens(self, msgs: list[dict]) -> list[int]:
+        return tokenize_prompt(self.session.target, chat_text(self.session.target, msgs), templated=True)
+
+    def send(self, text: str) -> tuple[Iterator[Chunk], int]:
+        """Start a reply; returns (stream of chunks, number of old messages trimmed). Consume
+        the stream, then call :meth:`finish` with the reply text (also after an interrupt)."""
+        n_ctx = self.session.ctx.n_ctx
+        budget = min(self.max_tokens, max(16, n_ctx // 4))
+        msgs = self.messages + [{"role": "user", "content": text}]
+        msgs, dropped = trim_history(msgs, lambda m: len(self._tokens(m)) + budget < n_ctx)
+        self.messages = msgs
+        st = Stats()
+        self.last = st
+        self.turns.append(st)
+        return self.session.generate(self._tokens(msgs), self.params, budget, st), dropped
+
+    def finish(self, reply: str) -> None:
+        self.messages.append({"role": "assistant", "content": reply})
+
+    def repair(self) -> None:
+        """After an interrupted reply: drop cache entries the contexts do not account for."""
+        self.session.ctx.repair()
+        dm = getattr(self.session.drafter, "model", None)
+        if dm is not None and hasattr(dm, "ctx"):
+            dm.ctx.repair()
