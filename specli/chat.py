@@ -48,25 +48,58 @@ class Chat:
         self.session.ctx.clear()
         self.turns = []
         self.last = None
+        self._hist_text, self._hist_tokens = "", []
+        self._reply = ("", [], [], [])
 
-    def _tokens(self, msgs: list[dict]) -> list[int]:
-        return tokenize_prompt(self.session.target, chat_text(self.session.target, msgs), templated=True)
+    def _text(self, msgs: list[dict]) -> str:
+        return chat_text(self.session.target, msgs)
+
+    def _tokens(self, text: str) -> list[int]:
+        """Prompt tokens for the rendered conversation. When it extends what the cache already
+        holds (the last prompt and the reply exactly as generated), only the new text is
+        tokenized: re-tokenizing the reply could split it differently and lose the cache."""
+        if self._hist_text and text.startswith(self._hist_text):
+            rest = text[len(self._hist_text):]
+            return self._hist_tokens + self.session.target.tokenize(rest, add_special=False, parse_special=True)
+        return tokenize_prompt(self.session.target, text, templated=True)
 
     def send(self, text: str) -> tuple[Iterator[Chunk], int]:
         """Start a reply; returns (stream of chunks, number of old messages trimmed). Consume
-        the stream, then call :meth:`finish` with the reply text (also after an interrupt)."""
+        the stream (or stop early), then call :meth:`finish`."""
+        self._reply = ("", [], [], [])
         n_ctx = self.session.ctx.n_ctx
         budget = min(self.max_tokens, max(16, n_ctx // 4))
         msgs = self.messages + [{"role": "user", "content": text}]
-        msgs, dropped = trim_history(msgs, lambda m: len(self._tokens(m)) + budget < n_ctx)
+        msgs, dropped = trim_history(msgs, lambda m: len(self._tokens(self._text(m))) + budget < n_ctx)
         self.messages = msgs
+        prompt_text = self._text(msgs)
+        prompt = self._tokens(prompt_text)
         st = Stats()
         self.last = st
         self.turns.append(st)
-        return self.session.generate(self._tokens(msgs), self.params, budget, st), dropped
+        self._reply = (prompt_text, prompt, [], [])
+        return self._record(self.session.generate(prompt, self.params, budget, st)), dropped
 
-    def finish(self, reply: str) -> None:
+    def _record(self, stream: Iterator[Chunk]) -> Iterator[Chunk]:
+        _, _, texts, toks = self._reply
+        for ch in stream:
+            texts.append(ch.text)
+            toks.extend(ch.tokens)
+            yield ch
+
+    def finish(self) -> str:
+        """Add the reply (complete or interrupted) to the conversation; returns its text. A turn
+        interrupted before any token leaves the conversation as it was."""
+        prompt_text, prompt, texts, toks = self._reply
+        reply = "".join(texts)
+        if not self.messages or self.messages[-1]["role"] != "user":
+            return reply
+        if not toks:
+            self.messages.pop()
+            return reply
         self.messages.append({"role": "assistant", "content": reply})
+        self._hist_text, self._hist_tokens = prompt_text + reply, prompt + toks
+        return reply
 
     def repair(self) -> None:
         """After an interrupted reply: drop cache entries the contexts do not account for."""

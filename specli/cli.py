@@ -287,6 +287,137 @@ def bench(
     render_tables(reports, Console())
 
 
+CHAT_EPILOG = """
+Examples:
+
+  specli chat --target qwen2.5-coder-1.5b-instruct-q4_k_m --draft qwen2.5-coder-0.5b-instruct-q4_k_m
+
+  specli chat --target model.gguf --draft lookup --system "You are terse." --show-drafts
+
+In the chat: /reset forgets the conversation, /stats shows the last reply's numbers, /exit (or
+Ctrl-D) quits, Ctrl-C stops the current reply. End a line with \\ to continue on the next, or
+wrap several lines in triple quotes (\"\"\").
+"""
+
+DIM, CYAN, RESET = "\033[2m", "\033[36m", "\033[0m"
+
+
+def _read_message(first_prompt: str = ">>> ", more_prompt: str = "... ") -> str:
+    """One message: a line; a line ending in a backslash continues; triple quotes open a block."""
+    line = input(first_prompt)
+    if line.strip().startswith('"""'):
+        body = [line.strip()[3:]]
+        if body[0].endswith('"""') and len(line.strip()) >= 6:
+            return body[0][:-3]
+        while True:
+            nxt = input(more_prompt)
+            if nxt.rstrip().endswith('"""'):
+                body.append(nxt.rstrip()[:-3])
+                return "\n".join(body).strip("\n")
+            body.append(nxt)
+    parts = []
+    while line.endswith("\\"):
+        parts.append(line[:-1])
+        line = input(more_prompt)
+    parts.append(line)
+    return "\n".join(parts)
+
+
+@app.command(epilog=CHAT_EPILOG)
+@one_line_errors
+def chat(
+    target: str = typer.Option(..., "--target", "-m", help="Target GGUF: a path or a known model name."),
+    draft: str = typer.Option("auto", "--draft", "-d",
+                              help="Draft GGUF (path or name), 'lookup' (prompt lookup), 'auto' or 'none' (plain)."),
+    system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
+    max_tokens: int = typer.Option(512, "--max-tokens", "-n", min=1, help="Most tokens per reply."),
+    temp: float = typer.Option(0.0, "--temp", min=0.0, help="Temperature; 0 is greedy."),
+    top_k: int = typer.Option(0, "--top-k", min=0),
+    top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    draft_max: int = typer.Option(16, "--draft-max", min=0, help="Most tokens drafted per step."),
+    lookup: bool = typer.Option(True, "--lookup/--no-lookup", help="With a draft model, also use prompt lookup."),
+    ctx: int = typer.Option(4096, "--ctx", "-c", min=0, help="Context size in tokens."),
+    threads: Optional[int] = typer.Option(None, "--threads", "-t", min=1),
+    gpu_layers: Optional[int] = typer.Option(None, "--gpu-layers", "-ngl"),
+    vram: Optional[str] = typer.Option(None, "--vram"),
+    show_drafts: bool = typer.Option(False, "--show-drafts", help="Colour the tokens that came from the drafter."),
+):
+    """Interactive chat, streamed, with the conversation kept in the KV cache between turns."""
+    from .chat import Chat
+    from .session import Options, Session
+    from .verify import SamplingParams
+
+    opts = Options(target=target, draft=draft, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers, vram=vram,
+                   draft_max=draft_max, hybrid=lookup)
+    sess = Session(opts, progress=err)
+    if sess.target.chat_template() is None:
+        raise SpecliError(f"{sess.target.name} has no chat template; use specli run --raw")
+    for note in opts.notes:
+        err(note)
+    conv = Chat(sess, SamplingParams(temp, top_k, top_p, seed), max_tokens, system)
+    color = sys.stdout.isatty() or os.environ.get("SPECLI_COLOR") == "1"
+    dim = (lambda t: f"{DIM}{t}{RESET}") if color else (lambda t: t)
+    print(dim(f"specli chat · {sess.target.name} · drafter {sess.drafter.name} · /help for commands"))
+    while True:
+        try:
+            text = _read_message()
+        except EOFError:
+            print()
+            break
+        except KeyboardInterrupt:
+            print(dim("\n(Ctrl-C stops a reply; /exit or Ctrl-D quits)"))
+            continue
+        cmd = text.strip()
+        if not cmd:
+            continue
+        if cmd in ("/exit", "/quit", "/bye"):
+            break
+        if cmd == "/help":
+            print(dim("/reset forget the conversation · /stats last reply · /exit quit · "
+                      "end a line with \\ or use \"\"\" for several lines"))
+            continue
+        if cmd == "/reset":
+            conv.reset()
+            print(dim("(conversation cleared)"))
+            continue
+        if cmd == "/stats":
+            print(dim(conv.last.summary() if conv.last else "(no reply yet)"))
+            continue
+        interrupted = False
+        try:
+            stream, dropped = conv.send(text)
+            if dropped:
+                print(dim(f"(the conversation no longer fits the context: dropped the {dropped} oldest messages)"))
+            for ch in stream:
+                if show_drafts and color and any(ch.from_draft):
+                    pieces = [sess.target.piece(t).decode("utf-8", "replace") for t in ch.tokens]
+                    out = "".join(f"{CYAN}{p}{RESET}" if f else p for p, f in zip(pieces, ch.from_draft))
+                    sys.stdout.write(out if "".join(pieces) == ch.text else ch.text)
+                else:
+                    sys.stdout.write(ch.text)
+                sys.stdout.flush()
+        except SpecliError as e:
+            err(f"error: {e}")
+            conv.finish()
+            continue
+        except KeyboardInterrupt:
+            interrupted = True
+            conv.repair()
+            if conv.last is not None:
+                conv.last.stop = "interrupted"
+        conv.finish()
+        st = conv.last
+        if st is None:
+            continue
+        line = f"{st.tokens_per_s:.1f} tok/s · {st.generated} tokens · mode {st.mode}"
+        if st.drafted:
+            line += f" · acceptance {100 * st.acceptance:.0f}%"
+        line += f" · prompt {st.prompt_tokens - st.prompt_tokens_cached} new / {st.prompt_tokens_cached} cached"
+        print("\n" + dim(("(stopped) " if interrupted else "") + line))
+    sess.close()
+
+
 def main() -> None:
     app()
 
