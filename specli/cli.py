@@ -154,7 +154,7 @@ def run(
         st.stop = "interrupted"
     if as_json:
         out = {"text": "".join(pieces), "tokens": out_tokens, "prompt_tokens": toks, "target": sess.target.path,
-               "draft": sess.draft_model.path if sess.draft_model else opts.draft, "stats": st.to_dict()}
+               "draft": sess.draft_model.path if sess.draft_model else sess.drafter.name, "stats": st.to_dict()}
         print(json.dumps(out, ensure_ascii=False))
     elif not interrupted:
         sys.stdout.write("\n")
@@ -206,7 +206,8 @@ def doctor(vram: Optional[str] = typer.Option(None, "--vram", help="Pretend this
             print(f"device: {d.name} ({d.kind}), {fmt(d.free)} free of {fmt(d.total)}")
     else:
         print("devices: no GPU found (nvidia-smi absent or silent; not Apple silicon): CPU only")
-    print(f"budget specli plans with: {'none' if hw.budget is None else fmt(hw.budget)} ({hw.budget_source})")
+    budget = "none" if hw.budget is None else f"{fmt(hw.budget)} ({hw.budget_source})"
+    print(f"budget specli plans with: {budget}")
     print(f"CPU threads: {hw.threads}")
     print(f"llama.cpp: {hw.system_info}")
     hint = reinstall_hint(hw)
@@ -284,7 +285,7 @@ def bench(
         print(json.dumps(data if len(data) > 1 else data[0], indent=1))
         return
     from .report import render_tables
-    render_tables(reports, Console())
+    render_tables(reports, Console(width=None if sys.stdout.isatty() else 160))
 
 
 CHAT_EPILOG = """

@@ -26,6 +26,7 @@ except ImportError as e:  # pragma: no cover - import guard for a broken install
 _VOCAB_TYPES = {0: "NONE", 1: "SPM", 2: "BPE", 3: "WPM", 4: "UGM", 5: "RWKV", 6: "PLAMO2"}
 _backend_ready = False
 _log_cb = None
+log_sink: list[str] | None = None  # set to a list to collect llama.cpp's log lines (tests, doctor)
 
 
 def _init_backend() -> None:
@@ -36,7 +37,8 @@ def _init_backend() -> None:
         # llama.cpp logs every load detail to stderr; keep stderr for specli's own one-liners
         @L.llama_log_callback
         def _quiet(level, text, user_data):  # noqa: ARG001
-            return None
+            if log_sink is not None and text:
+                log_sink.append(text.decode("utf-8", "replace"))
 
         _log_cb = _quiet
         L.llama_log_set(_log_cb, ctypes.c_void_p(0))

@@ -23,15 +23,16 @@ class Divergence:
     top1: int
     top2: int
     margin: float  # target logit of top1 minus top2 at that position
+    gap: float  # target logit of the plain token minus that of the other token
 
     @property
     def near_tie(self) -> bool:
-        return self.margin < NEAR_TIE
+        return abs(self.gap) < NEAR_TIE
 
     def describe(self) -> str:
         kind = "a near-tie (batched numerics)" if self.near_tie else "NOT a near-tie: likely a bug"
         return (f"differs from plain at token {self.position}: {self.got} vs {self.expected}; "
-                f"target top-2 margin there {self.margin:.3f}, {kind}")
+                f"target top-2 margin there {self.margin:.3f}, the two tokens {abs(self.gap):.3f} apart: {kind}")
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -53,4 +54,4 @@ def divergence(ctx: Context, prompt: Sequence[int], reference: Sequence[int],
     row = np.array(ctx.eval(list(prompt) + list(reference[:i]))[0], dtype=np.float64)
     top = np.argsort(-row)[:2]
     return Divergence(i, int(reference[i]), int(other[i]), int(top[0]), int(top[1]),
-                      float(row[top[0]] - row[top[1]]))
+                      float(row[top[0]] - row[top[1]]), float(row[reference[i]] - row[other[i]]))

@@ -34,6 +34,12 @@ def tiny_draft(smol_gguf) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_draft_unrelated(smol_gguf) -> str:
+    """Same tokenizer, unrelated random weights: its drafts are almost always wrong."""
+    return str(tiny_model(TEST_CACHE, smol_gguf, seed=1, attn_scale=0.3))
+
+
+@pytest.fixture(scope="session")
 def tiny_draft_edited(smol_gguf) -> str:
     """Same architecture and weights as the draft, but token 1234 spells something else."""
     return str(tiny_model(TEST_CACHE, smol_gguf, token_edits={1234: "zzspecli"}, **DRAFT_KW))

@@ -109,3 +109,20 @@ def test_gemma_draft_is_refused_for_a_qwen_target(paths):
     assert len(lines) == 1
     assert lines[0].startswith("specli: error: draft tokenizer is incompatible with the target: "
                                "vocabulary type differs (target BPE, draft SPM)")
+
+
+def test_bench_on_the_real_pair(paths, tmp_path):
+    suite = tmp_path / "two.yaml"
+    suite.write_text("prompts:\n"
+                     "  - id: fib\n    text: Write a Python function that returns the n-th Fibonacci number.\n"
+                     "  - id: rev\n    text: Write a C function that reverses a string in place.\n")
+    rc, out, err = specli("bench", "--target", paths[TARGET], "--draft", paths[DRAFT], "--suite", str(suite),
+                          "-n", "32", "--modes", "plain,lookup,model-fixed,hybrid", "--json")
+    assert rc == 0, err
+    modes = json.loads(out)["modes"]
+    base = modes["plain"]["tokens_per_s"]
+    for m, r in modes.items():
+        assert r["speedup"] == pytest.approx(r["tokens_per_s"] / base)
+        for pid, verdict in r["lossless"].items():
+            assert verdict == "identical" or "near-tie (batched numerics)" in verdict, (m, pid, verdict)
+    assert modes["model-fixed"]["acceptance"] > 0.5 and modes["model-fixed"]["mean_accepted"] > 1

@@ -1,0 +1,77 @@
+"""`specli bench`: consistent figures, and a lossless check that catches a broken verifier."""
+
+import json
+
+import pytest
+
+import specli.decode as decode_mod
+from clihelp import specli
+from specli.bench import run_bench
+from specli.suite import Suite, SuitePrompt, load_suite, parse_suite
+from specli.errors import SpecliError
+
+SUITE = Suite("mini", "", [SuitePrompt("a", "Once upon a time"), SuitePrompt("b", "def fibonacci(n):"),
+                           SuitePrompt("c", "The capital of France is")])
+
+
+def test_report_is_consistent(tiny_target, tiny_draft):
+    rep = run_bench(tiny_target, tiny_draft, SUITE, ["plain", "lookup", "model", "hybrid", "model-fixed"],
+                    max_tokens=24, chat=False).to_dict()
+    modes = rep["modes"]
+    assert list(modes) == ["plain", "lookup", "model", "hybrid", "model-fixed"]
+    base = modes["plain"]["tokens_per_s"]
+    for m, r in modes.items():
+        assert r["tokens"] == 3 * 24
+        assert r["tokens_per_s"] == pytest.approx(r["tokens"] / r["seconds"])
+        assert r["speedup"] == pytest.approx(r["tokens_per_s"] / base)
+        if m != "plain":
+            assert r["lossless"] == {"a": "identical", "b": "identical", "c": "identical"}
+    fixed = modes["model-fixed"]
+    assert fixed["drafted"] > 0 and 0 < fixed["accepted"] <= fixed["drafted"]
+    assert fixed["acceptance"] == pytest.approx(fixed["accepted"] / fixed["drafted"])
+    assert 0 < fixed["draft_share"] < 1 and fixed["peak_rss_mb"] > 0
+
+
+def test_the_lossless_check_catches_a_broken_verifier(tiny_target, tiny_draft_unrelated, monkeypatch):
+    def accept_everything(draft, target_argmax):
+        return len(draft), int(target_argmax[len(draft)])
+
+    monkeypatch.setattr(decode_mod, "greedy_accept", accept_everything)
+    rep = run_bench(tiny_target, tiny_draft_unrelated, SUITE, ["plain", "model-fixed"], max_tokens=24, chat=False)
+    verdicts = rep.results["model-fixed"].lossless
+    assert any(v != "identical" for v in verdicts.values())
+    assert all("NOT a near-tie: likely a bug" in v for v in verdicts.values()), verdicts
+    # and the same run with the real verifier is identical
+    monkeypatch.undo()
+    rep = run_bench(tiny_target, tiny_draft_unrelated, SUITE, ["plain", "model-fixed"], max_tokens=24, chat=False)
+    assert set(rep.results["model-fixed"].lossless.values()) == {"identical"}
+
+
+def test_cli_json_and_table(tmp_path, tiny_target):
+    suite = tmp_path / "s.yaml"
+    suite.write_text("prompts:\n  - id: one\n    text: Hello there\n  - id: two\n    text: Good morning\n")
+    out = tmp_path / "r.json"
+    rc, stdout, err = specli("bench", "--target", tiny_target, "--draft", "lookup", "--suite", str(suite),
+                             "-n", "16", "--modes", "plain,lookup", "--json", "--out", str(out))
+    assert rc == 0, err
+    data = json.loads(stdout)
+    assert data == json.loads(out.read_text())
+    assert set(data["modes"]) == {"plain", "lookup"} and data["suite"] == "s"
+    rc, stdout, err = specli("bench", "--target", tiny_target, "--draft", "lookup", "--suite", str(suite),
+                             "-n", "16", "--modes", "plain,lookup")
+    assert rc == 0 and "suite s" in stdout and "speedup" in stdout and "plain" in stdout
+
+
+def test_suites():
+    for name in ("code", "grounded", "chat", "unpredictable"):
+        s = load_suite(name)
+        assert len(s.prompts) >= 4 and len({p.text for p in s.prompts}) == len(s.prompts)
+    assert any(p.temperature > 0 for p in load_suite("unpredictable").prompts)
+    with pytest.raises(SpecliError, match=r"s.yaml:3: invalid YAML"):
+        parse_suite("prompts:\n  - text: a\n\t- text: b\n", "s.yaml", "s")
+    with pytest.raises(SpecliError, match="unknown key 'temprature'"):
+        parse_suite("prompts:\n  - text: a\n    temprature: 1\n", "s.yaml", "s")
+    with pytest.raises(SpecliError, match=r"s.jsonl:2: not valid JSON"):
+        parse_suite('{"text": "a"}\n{"text": \n', "s.jsonl", "s")
+    assert [p.text for p in parse_suite('{"text": "a"}\n{"text": "b", "max_tokens": 5}\n', "s.jsonl", "s").prompts] \
+        == ["a", "b"]
