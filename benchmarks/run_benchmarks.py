@@ -90,7 +90,7 @@ def main() -> None:
     ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct-q4_k_m")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct-q4_k_m")
     ap.add_argument("--suites", default="grounded,code,chat,unpredictable")
-    ap.add_argument("--modes", default="plain,lookup,model,hybrid,lookup-fixed,model-fixed")
+    ap.add_argument("--modes", default="plain,lookup,model,hybrid,lookup-fixed,model-fixed,llama-cpp-python-lookup")
     ap.add_argument("-n", "--max-tokens", type=int, default=128)
     ap.add_argument("--draft-max", type=int, default=16)
     ap.add_argument("--threads", type=int, default=os.cpu_count())

@@ -84,12 +84,25 @@ Examples:
 """
 
 
+def given_options(click_ctx: typer.Context) -> set[str]:
+    """Options the user typed (a profile's defaults fill the others)."""
+    from click.core import ParameterSource
+    names = {"draft_max": "draft_max", "ctx": "n_ctx", "draft_p_min": "draft_p_min"}
+    return {attr for p, attr in names.items()
+            if click_ctx.get_parameter_source(p) not in (None, ParameterSource.DEFAULT)}
+
+
+TARGET_HELP = "Target model: a GGUF path, org/repo:QUANT on the Hub, pypi:NAME, or a profile name."
+DRAFT_HELP = "Draft: a model reference (as for --target), 'lookup' (prompt lookup), 'auto' or 'none' (plain)."
+
+
 @app.command(epilog=RUN_EPILOG)
 @one_line_errors
 def run(
-    target: str = typer.Option(..., "--target", "-m", help="Target GGUF: a path or a known model name."),
-    draft: str = typer.Option("auto", "--draft", "-d",
-                              help="Draft GGUF (path or name), 'lookup' (prompt lookup), 'auto' or 'none' (plain)."),
+    click_ctx: typer.Context,
+    target: Optional[str] = typer.Option(None, "--target", "-m", help=TARGET_HELP),
+    profile: Optional[str] = typer.Option(None, "--profile", "-P", help="A target/draft pair (specli profiles)."),
+    draft: str = typer.Option("auto", "--draft", "-d", help=DRAFT_HELP),
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="Prompt text (default: standard input)."),
     file: Optional[str] = typer.Option(None, "--file", "-f", help="Read the prompt from this file."),
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1, help="Most tokens to generate."),
@@ -125,14 +138,14 @@ def run(
     from .session import Options, Session
     from .verify import SamplingParams
 
-    opts = Options(target=target, draft=draft, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers,
+    opts = Options(target=target, draft=draft, profile=profile, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers,
                    draft_gpu_layers=draft_gpu_layers, vram=vram, draft_max=draft_max, draft_p_min=draft_p_min,
                    adaptive=adaptive, hybrid=lookup)
     if plan:
         print_plan(opts)
         return
     text = read_prompt(prompt, file)
-    sess = Session(opts, progress=lambda m: err(m))
+    sess = Session(opts, progress=lambda m: err(m), given=given_options(click_ctx))
     toks = sess.prompt_tokens(text, chat, system)
     for note in opts.notes:
         err(note)
@@ -167,13 +180,13 @@ def run(
 
 
 def print_plan(opts) -> None:
-    from . import models
     from .gguf_meta import read_gguf
     from .plan import fmt, memory_from_header
-    from .session import DRAFT_KEYWORDS, plan_for
+    from .session import choose_models, plan_for
 
-    tpath = models.resolve(opts.target, progress=err)
-    dpath = None if opts.draft in DRAFT_KEYWORDS else models.resolve(opts.draft, progress=err)
+    tpath, dpath, _ = choose_models(opts, progress=err)
+    for note in opts.notes:
+        err(note)
     p, hw, n_ctx = plan_for(opts, tpath, dpath)
     budget = "none (CPU only)" if hw.budget is None else f"{fmt(hw.budget)} ({hw.budget_source})"
     print(f"backend      {', '.join(hw.backends)} (GPU offload {'yes' if hw.can_offload else 'no'})")
@@ -229,8 +242,9 @@ Examples:
 @app.command(epilog=BENCH_EPILOG)
 @one_line_errors
 def bench(
-    target: str = typer.Option(..., "--target", "-m", help="Target GGUF: a path or a known model name."),
-    draft: str = typer.Option("auto", "--draft", "-d", help="Draft GGUF (path or name), 'lookup' or 'auto'."),
+    target: Optional[str] = typer.Option(None, "--target", "-m", help=TARGET_HELP),
+    profile: Optional[str] = typer.Option(None, "--profile", "-P", help="A target/draft pair (specli profiles)."),
+    draft: str = typer.Option("auto", "--draft", "-d", help=DRAFT_HELP),
     suite: str = typer.Option("code,grounded,chat,unpredictable", "--suite", "-s",
                               help="Suite names (comma-separated) or a YAML/JSONL file of prompts."),
     modes: str = typer.Option("plain,lookup,model,hybrid", "--modes",
@@ -250,18 +264,14 @@ def bench(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from . import models
     from .bench import run_bench
+    from .session import Options, choose_models
     from .suite import load_suite
 
-    tpath = models.resolve(target, progress=err)
-    dpath = None if draft in ("lookup", "auto", "none") else models.resolve(draft, progress=err)
-    if dpath:
-        from . import compat
-        from .gguf_meta import read_gguf, vocab_from_header
-        compat.ensure_compatible(vocab_from_header(read_gguf(tpath)), vocab_from_header(read_gguf(dpath)))
-    elif draft == "auto":
-        err("--draft auto: no draft model known for this target; comparing plain and prompt lookup")
+    opts = Options(target=target, draft=draft, profile=profile)
+    tpath, dpath, _ = choose_models(opts, progress=err)
+    for note in opts.notes:
+        err(note)
     mode_list = [m.strip() for m in modes.split(",") if m.strip()]
     if compare_lcp:
         mode_list.append("llama-cpp-python-lookup")
@@ -327,9 +337,10 @@ def _read_message(first_prompt: str = ">>> ", more_prompt: str = "... ") -> str:
 @app.command(epilog=CHAT_EPILOG)
 @one_line_errors
 def chat(
-    target: str = typer.Option(..., "--target", "-m", help="Target GGUF: a path or a known model name."),
-    draft: str = typer.Option("auto", "--draft", "-d",
-                              help="Draft GGUF (path or name), 'lookup' (prompt lookup), 'auto' or 'none' (plain)."),
+    click_ctx: typer.Context,
+    target: Optional[str] = typer.Option(None, "--target", "-m", help=TARGET_HELP),
+    profile: Optional[str] = typer.Option(None, "--profile", "-P", help="A target/draft pair (specli profiles)."),
+    draft: str = typer.Option("auto", "--draft", "-d", help=DRAFT_HELP),
     system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
     max_tokens: int = typer.Option(512, "--max-tokens", "-n", min=1, help="Most tokens per reply."),
     temp: float = typer.Option(0.0, "--temp", min=0.0, help="Temperature; 0 is greedy."),
@@ -349,9 +360,9 @@ def chat(
     from .session import Options, Session
     from .verify import SamplingParams
 
-    opts = Options(target=target, draft=draft, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers, vram=vram,
-                   draft_max=draft_max, hybrid=lookup)
-    sess = Session(opts, progress=err)
+    opts = Options(target=target, draft=draft, profile=profile, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers,
+                   vram=vram, draft_max=draft_max, hybrid=lookup)
+    sess = Session(opts, progress=err, given=given_options(click_ctx))
     if sess.target.chat_template() is None:
         raise SpecliError(f"{sess.target.name} has no chat template; use specli run --raw")
     for note in opts.notes:
@@ -417,6 +428,96 @@ def chat(
         line += f" · prompt {st.prompt_tokens - st.prompt_tokens_cached} new / {st.prompt_tokens_cached} cached"
         print("\n" + dim(("(stopped) " if interrupted else "") + line))
     sess.close()
+
+
+@app.command(epilog="""
+Examples:
+
+  specli pull Qwen/Qwen2.5-Coder-7B-Instruct-GGUF:Q4_K_M
+
+  specli pull default            # a whole profile: its target and drafts
+""")
+@one_line_errors
+def pull(refs: list[str] = typer.Argument(..., help="Model references or profile names.")):
+    """Download models (or every model of a profile) into the cache, checked."""
+    from . import models
+    from . import profile as profiles
+
+    profs = profiles.load_all()
+    for ref in refs:
+        specs = []
+        if ref in profs and not os.path.exists(ref):
+            specs = [("target", profs[ref].target)] + [("draft", d) for d in profs[ref].drafts]
+        else:
+            specs = [("model", profiles.ModelSpec((ref,)))]
+        for label, spec in specs:
+            notes: list[str] = []
+            path = models.resolve_spec(spec, progress=err, notes=notes)
+            for n in notes:
+                err(n)
+            print(f"{label} {spec.ref}: {path}")
+
+
+@app.command(epilog="""
+Examples:
+
+  specli check Qwen/Qwen2.5-Coder-7B-Instruct-GGUF:Q4_K_M Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF:Q4_K_M
+
+  specli check target.gguf draft.gguf
+""")
+@one_line_errors
+def check(target: str = typer.Argument(..., help="Target model reference."),
+          draft: str = typer.Argument(..., help="Draft model reference.")):
+    """Can this draft speculate for this target? llama.cpp's tokenizer rules, from the GGUF
+    headers alone (Hub files are read with range requests, not downloaded)."""
+    from . import compat, models
+    from .gguf_meta import vocab_from_header
+
+    th, dh = models.header_of(target), models.header_of(draft)
+    rules = compat.check_vocab(vocab_from_header(th), vocab_from_header(dh))
+    for r in rules:
+        print(f"{'✓' if r.ok else '✗'} {r.name}: {r.detail}")
+    msg = compat.mismatch_message(rules)
+    if msg:
+        err(f"error: {msg}")
+        raise typer.Exit(1)
+    print("compatible: the draft can speculate for the target")
+
+
+profiles_app = typer.Typer(help="Curated target/draft pairs: list them, or show one.", invoke_without_command=True)
+app.add_typer(profiles_app, name="profiles")
+
+
+@profiles_app.callback()
+@one_line_errors
+def profiles_list(click_ctx: typer.Context):
+    """List the profiles (shipped, and yours in the config directory)."""
+    if click_ctx.invoked_subcommand:
+        return
+    from . import profile as profiles
+
+    for name, p in sorted(profiles.load_all().items()):
+        drafts = ", ".join(d.ref for d in p.drafts) or "prompt lookup"
+        print(f"{name:<20} {p.target.ref}  ⇐  {drafts}")
+    print(f"(your own: {profiles.user_profile_dir()}/*.yaml)")
+
+
+@profiles_app.command("show")
+@one_line_errors
+def profiles_show(name: str = typer.Argument(..., help="Profile name.")):
+    """Show one profile: target, drafts, sources and defaults."""
+    from . import profile as profiles
+
+    p = profiles.get(name)
+    print(f"name:        {p.name}\nfile:        {p.path}\ndescription: {p.description}")
+    for label, spec in [("target", p.target)] + [("draft", d) for d in p.drafts]:
+        print(f"{label}:")
+        for src in spec.sources:
+            print(f"  - {src}")
+        if spec.sha256:
+            print(f"  sha256: {spec.sha256}")
+    for k, v in p.defaults.items():
+        print(f"default {k}: {v}")
 
 
 def main() -> None:

@@ -3,10 +3,14 @@ the drafter. The CLI commands build a Session from their options and only print.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from . import calibrate, compat, models
+import os
+
+from . import calibrate, compat, hub, models
+from . import profile as profiles
 from .controller import Controller, CostModel
 from .decode import Chunk, Stats, check_prompt_fits, generate
 from .drafters import AdaptiveDrafter, Drafter, LookupDrafter, ModelDrafter, NoDrafter
@@ -15,6 +19,7 @@ from .errors import SpecliError
 from .gguf_meta import read_gguf, vocab_from_header
 from .hardware import Hardware, detect
 from .plan import Plan, make_plan, memory_from_header
+from .profile import ModelSpec, Profile
 from .prompt import build_prompt
 from .verify import SamplingParams
 
@@ -23,8 +28,9 @@ DRAFT_KEYWORDS = ("none", "lookup", "auto")
 
 @dataclass
 class Options:
-    target: str
+    target: str | None = None
     draft: str = "none"
+    profile: str | None = None
     n_ctx: int = 4096
     threads: int | None = None
     gpu_layers: int | None = None  # None: the hardware plan decides
@@ -53,15 +59,75 @@ def plan_for(opts: Options, target_path: str, draft_path: str | None) -> tuple[P
     return plan, hw, n_ctx
 
 
+def apply_profile_defaults(opts: Options, prof: Profile | None, given: set[str]) -> None:
+    """A profile's defaults fill the options the user did not give."""
+    if prof is None:
+        return
+    mapping = {"draft_max": "draft_max", "draft_p_min": "draft_p_min", "ctx": "n_ctx"}
+    for key, attr in mapping.items():
+        if key in prof.defaults and attr not in given:
+            setattr(opts, attr, type(getattr(opts, attr))(prof.defaults[key]))
+
+
+def choose_models(opts: Options, progress: Callable[[str], None] | None = None
+                  ) -> tuple[str, str | None, Profile | None]:
+    """Resolve the target and the draft (``--draft auto`` included), refusing an incompatible
+    pair from the GGUF headers before any weights are downloaded or loaded."""
+    notes = opts.notes
+    prof = profiles.get(opts.profile) if opts.profile else None
+    if prof is None and not opts.target:
+        raise SpecliError("name a model: --target REF or --profile NAME (see specli profiles)")
+    tspec = prof.target if prof and not opts.target else ModelSpec((opts.target,))
+    dspec: ModelSpec | None = None
+    if opts.draft == "auto":
+        local = opts.target if opts.target and os.path.exists(os.path.expanduser(opts.target)) else None
+        prof = prof or (profiles.for_target(opts.target, local) if opts.target else None)
+        if prof and prof.drafts:
+            dspec = prof.drafts[0]
+            notes.append(f"--draft auto: {dspec.ref} (profile {prof.name}), hybrid with prompt lookup")
+        else:
+            dspec = _search_draft(tspec, notes)
+    elif opts.draft not in ("none", "lookup"):
+        dspec = ModelSpec((opts.draft,))
+    if dspec is not None:
+        th, dh = models.header_of_spec(tspec), models.header_of_spec(dspec)
+        compat.ensure_compatible(vocab_from_header(th), vocab_from_header(dh))
+    tpath = models.resolve_spec(tspec, progress, notes)
+    dpath = models.resolve_spec(dspec, progress, notes) if dspec else None
+    return tpath, dpath, prof
+
+
+def _search_draft(tspec: ModelSpec, notes: list[str]) -> ModelSpec | None:
+    """A smaller GGUF of the target's family on the Hub whose header passes the tokenizer
+    check (the smallest at least ~8x smaller); None (prompt lookup) when there is none."""
+    h = hub.parse_hub_ref(tspec.ref) if not os.path.exists(tspec.ref) else None
+    if h is None or hub.offline():
+        why = "HF_HUB_OFFLINE is set" if h is not None else "no profile covers this target"
+        notes.append(f"--draft auto: {why}; using prompt lookup")
+        return None
+    try:
+        th = models.header_of(tspec.ref)
+        for cand in hub.search_drafts(h, th):
+            try:
+                dh = hub.header(cand)
+            except SpecliError:
+                continue
+            if compat.mismatch_message(compat.check_vocab(vocab_from_header(th), vocab_from_header(dh))) is None:
+                notes.append(f"--draft auto: {cand} (smallest compatible {hub.family_of(h.repo)} GGUF on the Hub, "
+                             "tokenizer checked from its header), hybrid with prompt lookup")
+                return ModelSpec((str(cand),))
+    except SpecliError as e:
+        notes.append(f"--draft auto: Hub search failed ({e}); using prompt lookup")
+        return None
+    notes.append(f"--draft auto: no smaller compatible {hub.family_of(h.repo)} GGUF on the Hub; using prompt lookup")
+    return None
+
+
 class Session:
-    def __init__(self, opts: Options, progress: Callable[[str], None] | None = None):
+    def __init__(self, opts: Options, progress: Callable[[str], None] | None = None, given: set[str] = frozenset()):
         self.opts = opts
-        target_path = models.resolve(opts.target, progress)
-        draft_path = None if opts.draft in DRAFT_KEYWORDS else models.resolve(opts.draft, progress)
-        if draft_path:
-            # refuse an incompatible pair from the headers alone, before loading any weights
-            t, d = read_gguf(target_path), read_gguf(draft_path)
-            compat.ensure_compatible(vocab_from_header(t), vocab_from_header(d))
+        target_path, draft_path, self.profile = choose_models(opts, progress)
+        apply_profile_defaults(opts, self.profile, set(given))
         self.plan, self.hardware, _ = plan_for(opts, target_path, draft_path)
         if self.hardware.budget is not None:
             opts.notes.append(self.plan.summary)
@@ -85,8 +151,6 @@ class Session:
             return NoDrafter()
         if o.draft == "none" or o.draft_max == 0:
             return NoDrafter()
-        if o.draft == "auto" and draft_path is None:
-            o.notes.append("--draft auto: no draft model known for this target, using prompt lookup")
         model = None
         if draft_path:
             self.draft_model = Model(draft_path, n_gpu_layers=o.draft_gpu_layers or 0)

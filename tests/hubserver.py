@@ -1,0 +1,195 @@
+"""A local HTTP server on 127.0.0.1 that answers the Hugging Face Hub's model-info, tree,
+search and file (resolve) requests, with HEAD, range requests, ETags, gating and a switch that
+cuts a download mid-file, so the real huggingface-hub client is what the tests exercise."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, unquote, urlparse
+
+
+@dataclass
+class Repo:
+    files: dict[str, str]  # repo path -> local file
+    gated_token: str | None = None  # requests need "Authorization: Bearer <token>"
+    sha: str = "0123456789abcdef0123456789abcdef01234567"
+    tags: tuple[str, ...] = ("gguf",)
+
+
+@dataclass
+class HubState:
+    repos: dict[str, Repo] = field(default_factory=dict)
+    cut_once: dict[str, int] = field(default_factory=dict)  # path -> bytes to send before dropping
+    served: dict[str, int] = field(default_factory=dict)  # path -> bytes of file content sent
+    requests: list[str] = field(default_factory=list)
+    _etags: dict[str, str] = field(default_factory=dict)
+
+    def etag(self, path: str) -> str:
+        if path not in self._etags:
+            st = os.stat(path)
+            self._etags[path] = hashlib.sha256(f"{path}:{st.st_size}:{st.st_mtime}".encode()).hexdigest()
+        return self._etags[path]
+
+
+def _handler(state: HubState):
+    class H(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a):  # quiet
+            pass
+
+        def _json(self, code: int, obj, headers: dict | None = None):
+            body = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def _error(self, code: int, err_code: str, msg: str):
+            self._json(code, {"error": msg}, {"X-Error-Code": err_code, "X-Error-Message": msg})
+
+        def _repo(self, rid: str) -> Repo | None:
+            repo = state.repos.get(rid)
+            if repo is None:
+                self._error(404, "RepoNotFound", f"Repository not found: {rid}")
+                return None
+            if repo.gated_token and self.headers.get("Authorization") != f"Bearer {repo.gated_token}":
+                self._error(401, "GatedRepo", f"Access to model {rid} is restricted. You must have access to it "
+                                               "and be authenticated to access it.")
+                return None
+            return repo
+
+        def do_HEAD(self):
+            self.do_GET()
+
+        def do_GET(self):
+            u = urlparse(self.path)
+            path = unquote(u.path)
+            state.requests.append(f"{self.command} {self.path}")
+            parts = [p for p in path.split("/") if p]
+            if parts[:2] == ["api", "models"] and len(parts) == 2:
+                q = parse_qs(u.query).get("search", [""])[0].lower()
+                out = [{"id": rid, "modelId": rid, "tags": list(r.tags), "private": False}
+                       for rid, r in state.repos.items() if q in rid.lower()]
+                return self._json(200, out)
+            if parts[:2] == ["api", "models"] and len(parts) >= 4:
+                rid = "/".join(parts[2:4])
+                repo = self._repo(rid)
+                if repo is None:
+                    return
+                rest = parts[4:]
+                if not rest or rest[0] == "revision":
+                    sib = [{"rfilename": f, "size": os.path.getsize(p)} for f, p in repo.files.items()]
+                    return self._json(200, {"id": rid, "modelId": rid, "sha": repo.sha, "siblings": sib,
+                                            "private": False, "gated": bool(repo.gated_token), "tags": list(repo.tags),
+                                            "downloads": 0, "likes": 0, "lastModified": "2026-01-01T00:00:00.000Z"})
+                if rest[0] == "tree":
+                    prefix = "/".join(rest[2:])
+                    entries, dirs = [], set()
+                    for f, p in sorted(repo.files.items()):
+                        if prefix and not f.startswith(prefix + "/"):
+                            continue
+                        sub = f[len(prefix) + 1:] if prefix else f
+                        recursive = parse_qs(u.query).get("recursive", ["false"])[0].lower() == "true"
+                        if "/" in sub and not recursive:
+                            d = (prefix + "/" if prefix else "") + sub.split("/")[0]
+                            if d not in dirs:
+                                dirs.add(d)
+                                entries.append({"type": "directory", "path": d, "oid": "0" * 40, "size": 0})
+                            continue
+                        entries.append({"type": "file", "path": f, "size": os.path.getsize(p),
+                                        "oid": state.etag(p)[:40]})
+                    return self._json(200, entries)
+                return self._error(404, "EntryNotFound", "unknown api route")
+            if len(parts) >= 5 and parts[2] == "resolve":
+                rid = "/".join(parts[:2])
+                repo = self._repo(rid)
+                if repo is None:
+                    return
+                fname = "/".join(parts[4:])
+                local = repo.files.get(fname)
+                if local is None:
+                    return self._error(404, "EntryNotFound", f"{fname} does not exist in {rid}")
+                return self._file(repo, fname, local)
+            self._error(404, "RepoNotFound", "not found")
+
+        def _file(self, repo: Repo, fname: str, local: str):
+            size = os.path.getsize(local)
+            start, end = 0, size - 1
+            rng = self.headers.get("Range")
+            code = 200
+            if rng and rng.startswith("bytes="):
+                a, _, b = rng[6:].partition("-")
+                start = int(a) if a else 0
+                end = min(int(b), size - 1) if b else size - 1
+                if start >= size:
+                    self.send_response(416)
+                    self.send_header("Content-Range", f"bytes */{size}")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                code = 206
+            length = end - start + 1
+            self.send_response(code)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(length))
+            self.send_header("Accept-Ranges", "bytes")
+            self.send_header("ETag", f'"{state.etag(local)}"')
+            self.send_header("X-Repo-Commit", repo.sha)
+            if code == 206:
+                self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+            self.end_headers()
+            if self.command == "HEAD":
+                return
+            cut = state.cut_once.pop(fname, None)
+            sent = 0
+            with open(local, "rb") as f:
+                f.seek(start)
+                left = length
+                while left > 0:
+                    n = min(left, 1 << 20)
+                    if cut is not None and sent + n > cut:
+                        n = cut - sent
+                    chunk = f.read(n)
+                    if not chunk:
+                        break
+                    try:
+                        self.wfile.write(chunk)
+                    except (BrokenPipeError, ConnectionResetError):
+                        return
+                    sent += len(chunk)
+                    left -= len(chunk)
+                    state.served[fname] = state.served.get(fname, 0) + len(chunk)
+                    if cut is not None and sent >= cut:
+                        self.close_connection = True
+                        self.wfile.flush()
+                        self.connection.shutdown(2)
+                        return
+
+    return H
+
+
+class HubServer:
+    def __init__(self, state: HubState):
+        self.state = state
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
