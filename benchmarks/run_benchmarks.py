@@ -90,7 +90,10 @@ def main() -> None:
     ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct-q4_k_m")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct-q4_k_m")
     ap.add_argument("--suites", default="grounded,code,chat,unpredictable")
-    ap.add_argument("--modes", default="plain,lookup,model,hybrid,lookup-fixed,model-fixed,llama-cpp-python-lookup")
+    ap.add_argument("--modes", default="plain,lookup,model,hybrid,lookup-fixed,model-fixed",
+                    help="add llama-cpp-python-lookup to time llama-cpp-python's LlamaPromptLookupDecoding")
+    ap.add_argument("--llama-cpp-suites", default="grounded,code",
+                    help="suites on which llama.cpp's own speculation tools are timed")
     ap.add_argument("-n", "--max-tokens", type=int, default=128)
     ap.add_argument("--draft-max", type=int, default=16)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
@@ -115,7 +118,7 @@ def main() -> None:
         rep = run_bench(target, draft, suite, a.modes.split(","), a.max_tokens, 1, 4096, a.threads, a.draft_max,
                         a.gpu_layers)
         reports.append(rep)
-        if a.llama_cpp_bin:
+        if a.llama_cpp_bin and s in a.llama_cpp_suites.split(","):
             m = Model(target, vocab_only=True)
             texts = [m.detokenize(build_prompt(m, p.text, True), special=True) for p in suite.prompts]
             theirs[s] = llama_cpp_speculative(a.llama_cpp_bin, target, draft, suite, a.threads, a.max_tokens, texts)

@@ -121,20 +121,17 @@ class Acceptance:
 
 
 def lookup_key(match_len: int) -> str:
-    """Lookup acceptance is learned per matched n-gram length: longer matches copy better."""
-    return f"lookup:{min(match_len, 8)}"
-
-
-# measured with the Qwen2.5-Coder 1.5B target on rewriting prompts: (first, rest) acceptance
-# by matched n-gram length; learning takes over after a few steps
-LOOKUP_PRIORS = {1: (0.45, 0.7), 2: (0.6, 0.8), 3: (0.6, 0.85), 4: (0.85, 0.85), 5: (0.85, 0.85),
-                 6: (0.85, 0.85), 7: (0.85, 0.85), 8: (0.88, 0.9)}
+    """Lookup acceptance is learned apart for short and long matched n-grams: on rewriting
+    prompts a match of 4+ tokens is followed by the target ~90% of the time, one of 1-3 ~55%."""
+    return "lookup:long" if match_len >= 4 else "lookup:short"
 
 
 def prior(source: str) -> Acceptance:
-    if source.startswith("lookup:"):
-        f, r = LOOKUP_PRIORS.get(int(source.split(":")[1]), (0.5, 0.7))
-        return Acceptance(first=f, rest=r)
+    """Start pessimistic: a drafter must earn its drafts. Lookup is scored for free on every
+    step it has a match (shadow accounting), so on text that repeats its input it proves itself
+    within a few tokens; on text that does not, it never costs a verify pass."""
+    if source.startswith("lookup"):
+        return Acceptance(first=0.4, rest=0.8)
     return Acceptance(first=0.6, rest=0.7)
 
 

@@ -23,9 +23,6 @@ from .profile import ModelSpec, Profile
 from .prompt import build_prompt
 from .verify import SamplingParams
 
-DRAFT_KEYWORDS = ("none", "lookup", "auto")
-
-
 @dataclass
 class Options:
     target: str | None = None
