@@ -37,26 +37,34 @@ from specli.suite import load_suite  # noqa: E402
 from specli.verify import SamplingParams  # noqa: E402
 
 
-def plain_vs_llama_bench(target: str, bindir: str | None, threads: int, n: int = 128, depth: int = 128) -> dict:
+def plain_vs_llama_bench(target: str, bindir: str | None, threads: int, n: int = 128, depth: int = 128,
+                         rounds: int = 5) -> dict:
+    """specli's plain loop and llama-bench's token generation (tg{n} at depth {depth}, same
+    threads), interleaved round by round so both see the same machine; medians."""
+    import statistics
+
     m = Model(target)
     ctx = Context(m, ContextConfig(n_ctx=4096, n_threads=threads))
     prompt = m.tokenize("word " * (depth - 1))
-    rates = []
-    for _ in range(3):
+    exe = os.path.join(bindir, "llama-bench") if bindir else None
+    have_bench = bool(exe and os.path.exists(exe))
+    ours, theirs = [], []
+    for _ in range(rounds):
         ctx.clear()
         st = Stats()
         for _ch in generate(ctx, prompt, NoDrafter(), SamplingParams(), n, 0, st):
             pass
-        rates.append(st.tokens_per_s)
+        ours.append(st.tokens_per_s)
+        if have_bench:
+            r = subprocess.run([exe, "-m", target, "-p", "0", "-n", str(n), "-d", str(len(prompt)), "-t",
+                                str(threads), "-r", "1", "-o", "json"], capture_output=True, text=True)
+            theirs.append(float(json.loads(r.stdout)[0]["avg_ts"]))
     ctx.close()
-    out = {"specli_plain_tok_s": max(rates), "depth": len(prompt), "tokens": n}
-    exe = os.path.join(bindir, "llama-bench") if bindir else None
-    if exe and os.path.exists(exe):
-        r = subprocess.run([exe, "-m", target, "-p", "0", "-n", str(n), "-d", str(len(prompt)), "-t", str(threads),
-                            "-r", "3", "-o", "json"], capture_output=True, text=True)
-        rows = json.loads(r.stdout)
-        out["llama_bench_tok_s"] = float(rows[0]["avg_ts"])
-        out["ratio"] = out["specli_plain_tok_s"] / out["llama_bench_tok_s"]
+    out = {"specli_plain_tok_s": statistics.median(ours), "depth": len(prompt), "tokens": n, "rounds": rounds,
+           "specli_runs": ours}
+    if have_bench:
+        out.update(llama_bench_tok_s=statistics.median(theirs), llama_bench_runs=theirs,
+                   ratio=statistics.median(ours) / statistics.median(theirs))
     return out
 
 
@@ -134,7 +142,10 @@ def main() -> None:
     if "ratio" in overhead:
         lines.append(f"specli plain {overhead['specli_plain_tok_s']:.1f} tok/s vs llama-bench "
                      f"{overhead['llama_bench_tok_s']:.1f} tok/s (tg{overhead['tokens']} at depth "
-                     f"{overhead['depth']}): **{overhead['ratio']:.3f}×**\n")
+                     f"{overhead['depth']}, medians of {overhead['rounds']} interleaved rounds): "
+                     f"**{overhead['ratio']:.3f}×**; runs: specli "
+                     + ", ".join(f"{x:.1f}" for x in overhead["specli_runs"]) + "; llama-bench "
+                     + ", ".join(f"{x:.1f}" for x in overhead["llama_bench_runs"]) + "\n")
     else:
         lines.append(f"specli plain {overhead['specli_plain_tok_s']:.1f} tok/s (no llama-bench given)\n")
     lines.append("## Suites\n")

@@ -113,6 +113,22 @@ class _LlamaCppPythonLookup:
         return out, (time.perf_counter() - t0) if t0 else 0.0
 
 
+def schedule(modes: list[str], n_prompts: int) -> list[tuple[int, str]]:
+    """Every (prompt, mode) pair once, modes interleaved in time (in each round every mode runs
+    a different prompt), never the same prompt twice in a row when there are two or more."""
+    order = [((r + j) % n_prompts, m) for r in range(n_prompts) for j, m in enumerate(modes)]
+    for i in range(1, len(order)):
+        if order[i][0] != order[i - 1][0]:
+            continue
+        for k in range(i + 1, len(order)):
+            ok_here = order[k][0] != order[i - 1][0]
+            ok_there = order[i][0] != order[k - 1][0] and (k + 1 >= len(order) or order[i][0] != order[k + 1][0])
+            if ok_here and ok_there and k != i + 1:
+                order[i], order[k] = order[k], order[i]
+                break
+    return order
+
+
 def run_bench(target_path: str, draft_path: str | None, suite: Suite, modes: list[str], max_tokens: int = 128,
               repeat: int = 1, n_ctx: int = 4096, threads: int | None = None, draft_max: int = 8,
               gpu_layers: int = 0, progress: Callable[[str, int, int], None] | None = None,
@@ -149,7 +165,6 @@ def run_bench(target_path: str, draft_path: str | None, suite: Suite, modes: lis
     if not draft_path:
         modes = [m for m in modes if m not in needs_draft]
     results = {m: ModeResult(m) for m in modes}
-    reference: dict[str, list[int]] = {}
     total = len(modes) * (len(prompts) * repeat + 1)
     done = 0
 
@@ -166,42 +181,50 @@ def run_bench(target_path: str, draft_path: str | None, suite: Suite, modes: lis
             out += ch.tokens
         return out, st
 
+    outputs: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
+
+    def measure(mode: str, sp, toks: list[int], first_pass: bool) -> None:
+        r = results[mode]
+        out, st = one(mode, sp, toks, sp.max_tokens or max_tokens)
+        r.tokens += st.generated
+        r.seconds += st.t_generate
+        r.drafted += st.drafted
+        r.accepted += st.accepted
+        r.spec_steps += st.spec_steps
+        r.steps += st.steps
+        r.t_draft += st.t_draft
+        r.t_verify += st.t_verify
+        r.per_prompt.setdefault(sp.id, []).append(st.generated / st.t_generate if st.t_generate else 0)
+        if sp.temperature == 0 and first_pass:
+            outputs[(mode, sp.id)] = (toks, out)
+
     try:
-        for mode in modes:
+        # warm-ups, modes without the draft model first: peak memory with and without it
+        for mode in sorted(modes, key=lambda m: m in needs_draft):
             if mode in needs_draft:
                 load_draft()
             if mode == "llama-cpp-python-lookup":
                 lcp = _LlamaCppPythonLookup(target_path, cfg.n_ctx, ctx.threads, draft_max)
             if progress:
                 progress(f"{mode}: warm-up", done, total)
-            one(mode, prompts[-1][0], prompts[-1][1], 16)  # warm-up, not measured
+            one(mode, prompts[-1][0], prompts[-1][1], 16)
             done += 1
-            r = results[mode]
-            for _rep in range(repeat):
-                for sp, toks in prompts:
-                    if progress:
-                        progress(f"{mode}: {sp.id}", done, total)
-                    n = sp.max_tokens or max_tokens
-                    out, st = one(mode, sp, toks, n)
-                    done += 1
-                    r.tokens += st.generated
-                    r.seconds += st.t_generate
-                    r.drafted += st.drafted
-                    r.accepted += st.accepted
-                    r.spec_steps += st.spec_steps
-                    r.steps += st.steps
-                    r.t_draft += st.t_draft
-                    r.t_verify += st.t_verify
-                    r.per_prompt.setdefault(sp.id, []).append(st.generated / st.t_generate if st.t_generate else 0)
-                    if sp.temperature == 0 and _rep == 0:
-                        if mode == "plain":
-                            reference[sp.id] = out
-                        elif sp.id in reference:
-                            d = divergence(ctx, toks, reference[sp.id], out)
-                            r.lossless[sp.id] = "identical" if d is None else d.describe()
-            r.peak_rss_mb = _peak_rss_mb()
-            if lcp is not None:
-                lcp = None
+            results[mode].peak_rss_mb = _peak_rss_mb()
+        # measured runs, interleaved: in each round every mode runs a different prompt, so slow
+        # drifts of the machine hit every mode alike
+        for rep in range(repeat):
+            for sp_i, mode in schedule(modes, len(prompts)):
+                sp, toks = prompts[sp_i]
+                if progress:
+                    progress(f"{mode}: {sp.id}", done, total)
+                measure(mode, sp, toks, rep == 0)
+                done += 1
+        # lossless check: every mode's greedy tokens against plain decoding's
+        for (mode, pid), (toks, out) in outputs.items():
+            ref = outputs.get(("plain", pid))
+            if mode != "plain" and ref is not None:
+                d = divergence(ctx, toks, ref[1], out)
+                results[mode].lossless[pid] = "identical" if d is None else d.describe()
     finally:
         ctx.close()
         if mdrafter:

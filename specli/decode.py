@@ -59,9 +59,15 @@ class Stats:
         """Drafted tokens accepted per speculative step."""
         return self.accepted / self.spec_steps if self.spec_steps else 0.0
 
+    @property
+    def plain_steps(self) -> int:
+        """Target passes that verified no drafted token (speculation off, or nothing to draft)."""
+        return self.steps - self.spec_steps
+
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.update(tokens_per_s=self.tokens_per_s, acceptance=self.acceptance, mean_accepted=self.mean_accepted)
+        d.update(tokens_per_s=self.tokens_per_s, acceptance=self.acceptance, mean_accepted=self.mean_accepted,
+                 plain_steps=self.plain_steps)
         return d
 
     def summary(self) -> str:
@@ -69,8 +75,8 @@ class Stats:
              f" | prompt {self.prompt_tokens} tok in {self.t_prefill:.2f}s")
         if self.mode != "none":
             s += (f" | drafted {self.drafted}, accepted {self.accepted} ({100 * self.acceptance:.0f}%),"
-                  f" mean accepted {self.mean_accepted:.2f}/step over {self.spec_steps} steps"
-                  f" | draft {self.t_draft:.2f}s, verify {self.t_verify:.2f}s")
+                  f" mean accepted {self.mean_accepted:.2f}/step over {self.spec_steps} steps,"
+                  f" {self.plain_steps} plain steps | draft {self.t_draft:.2f}s, verify {self.t_verify:.2f}s")
         return s + f" | stop: {self.stop}"
 
 

@@ -6,7 +6,7 @@ import pytest
 
 import specli.decode as decode_mod
 from clihelp import specli
-from specli.bench import run_bench
+from specli.bench import run_bench, schedule
 from specli.suite import Suite, SuitePrompt, load_suite, parse_suite
 from specli.errors import SpecliError
 
@@ -75,3 +75,13 @@ def test_suites():
         parse_suite('{"text": "a"}\n{"text": \n', "s.jsonl", "s")
     assert [p.text for p in parse_suite('{"text": "a"}\n{"text": "b", "max_tokens": 5}\n', "s.jsonl", "s").prompts] \
         == ["a", "b"]
+
+
+def test_schedule_interleaves_modes_and_never_repeats_a_prompt_back_to_back():
+    modes = ["plain", "lookup", "lookup-fixed", "model", "hybrid", "model-fixed"]
+    for n in (3, 4, 5):
+        s = schedule(modes, n)
+        assert sorted(s) == sorted((p, m) for p in range(n) for m in modes)
+        assert all(a[0] != b[0] for a, b in zip(s, s[1:]))
+        # interleaved: the first round already holds every mode
+        assert {m for _, m in s[:len(modes)]} == set(modes)

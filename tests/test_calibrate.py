@@ -1,0 +1,65 @@
+"""Calibration: measured once per model + backend + threads, then read from the cache."""
+
+import json
+
+import pytest
+
+import specli.engine as engine
+from specli import calibrate
+from specli.engine import Context, ContextConfig, Model
+from specli.errors import SpecliError
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECLI_CACHE", str(tmp_path / "specli"))
+    return tmp_path / "specli" / "calibration.json"
+
+
+def test_verify_costs_are_cached(cache, tiny_target):
+    m = Model(tiny_target)
+    ctx = Context(m, ContextConfig(n_ctx=512, n_threads=2))
+    calls = ctx.n_decode_calls
+    costs = calibrate.verify_costs(ctx, 8)
+    assert len(costs) == 9 and all(c > 0 for c in costs)
+    assert ctx.n_decode_calls > calls + 9  # it measured
+    assert cache.exists() and any(k.startswith("verify:") for k in json.loads(cache.read_text()))
+    calls = ctx.n_decode_calls
+    assert calibrate.verify_costs(ctx, 8) == costs
+    assert ctx.n_decode_calls == calls  # the second run starts calibrated: no passes
+    # another thread count is another machine setting: measured again
+    other = Context(m, ContextConfig(n_ctx=512, n_threads=1))
+    n = other.n_decode_calls
+    calibrate.verify_costs(other, 8)
+    assert other.n_decode_calls > n
+    # the context's own cache is left as it was
+    ctx.eval(m.tokenize("hello world"))
+    before = list(ctx.tokens)
+    calibrate.verify_costs(ctx, 8, use_cache=False)
+    assert ctx.tokens == before
+
+
+def test_interpolation_between_measured_points():
+    assert calibrate.measured_points(16) == [0, 1, 2, 3, 4, 7, 11, 15, 16]
+    pts = {0: 1.0, 4: 3.0, 7: 6.0}
+    assert calibrate.interpolate(pts, 7) == [1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0]
+
+
+def test_rollback_refused_by_the_model_memory(tiny_target, monkeypatch):
+    m = Model(tiny_target)
+    ctx = Context(m, ContextConfig(n_ctx=512))
+    ctx.eval(m.tokenize("one two three four"))
+    monkeypatch.setattr(engine.L, "llama_memory_seq_rm", lambda *a: False)
+    with pytest.raises(SpecliError, match="cannot drop a partial sequence .* run it with --draft none"):
+        ctx.rollback(2)
+
+
+def test_recurrent_models_decode_plainly_and_say_so(tiny_target, tiny_draft, monkeypatch):
+    from specli.drafters import NoDrafter
+    from specli.session import Options, Session
+
+    monkeypatch.setattr(engine.L, "llama_model_is_recurrent", lambda model: True)
+    sess = Session(Options(target=tiny_target, draft=tiny_draft))
+    assert isinstance(sess.drafter, NoDrafter)
+    assert any("recurrent/hybrid model" in n and "decoding plainly" in n for n in sess.opts.notes)
+    sess.close()
