@@ -73,7 +73,7 @@ def llama_cpp_speculative(bindir: str, target: str, draft: str, suite, threads: 
     (rendered with the same chat template), with their default settings."""
     res = {}
     for name, exe_name, extra in (("llama.cpp speculative-simple (draft model)", "llama-speculative-simple",
-                                   ["-md", draft]),
+                                   ["-md", draft, "--spec-type", "draft-simple"]),
                                   ("llama.cpp lookup (n-gram)", "llama-lookup", [])):
         exe = os.path.join(bindir, exe_name)
         if not os.path.exists(exe) or (extra and not draft):

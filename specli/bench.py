@@ -16,7 +16,7 @@ from typing import Callable
 
 from . import calibrate
 from .controller import Controller, CostModel
-from .decode import Stats, generate
+from .decode import AcceptanceRates, Stats, generate
 from .drafters import AdaptiveDrafter, LookupDrafter, ModelDrafter, NoDrafter
 from .engine import Context, ContextConfig, Model
 from .lossless import divergence
@@ -28,7 +28,7 @@ MODES = ("plain", "lookup", "lookup-fixed", "llama-cpp-python-lookup", "model", 
 
 
 @dataclass
-class ModeResult:
+class ModeResult(AcceptanceRates):
     mode: str
     tokens: int = 0
     seconds: float = 0.0
@@ -46,14 +46,6 @@ class ModeResult:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
-
-    @property
-    def acceptance(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def mean_accepted(self) -> float:
-        return self.accepted / self.spec_steps if self.spec_steps else 0.0
 
     @property
     def draft_share(self) -> float:

@@ -15,11 +15,27 @@ from .wheels import cache_dir
 CALIBRATION_VERSION = 1
 
 
-def _key(ctx: Context, k_max: int) -> str:
-    m = ctx.model
-    st = os.stat(m.path)
-    ident = f"{os.path.basename(m.path)}:{st.st_size}:{m.n_gpu_layers}:{ctx.threads}:{ctx.n_batch}:{k_max}:{system_info()}"
+def _ident(path: str, n_gpu_layers: int, threads: int, n_batch: int, k_max: int) -> str:
+    st = os.stat(path)
+    ident = f"{os.path.basename(path)}:{st.st_size}:{n_gpu_layers}:{threads}:{n_batch}:{k_max}:{system_info()}"
     return hashlib.sha256(ident.encode()).hexdigest()[:20]
+
+
+def _key(ctx: Context, k_max: int) -> str:
+    return _ident(ctx.model.path, ctx.model.n_gpu_layers, ctx.threads, ctx.n_batch, k_max)
+
+
+def draft_on_cpu_pays(target_path: str, draft_path: str, threads: int, n_batch: int, k_max: int) -> bool | None:
+    """From earlier measurements only (None when there are none): would the draft model on
+    the CPU speed up the target fully on the GPU, at a typical 80% acceptance?"""
+    from .controller import best_length
+
+    d = _load()
+    dc = d.get("draft:" + _ident(draft_path, 0, threads, n_batch, 0))
+    tv = d.get("verify:" + _ident(target_path, -1, threads, n_batch, k_max))
+    if not isinstance(dc, (int, float)) or not isinstance(tv, list):
+        return None
+    return best_length(0.8, [float(x) for x in tv], float(dc), k_max, float(dc), 0.8)[0] > 0
 
 
 def _path() -> Path:

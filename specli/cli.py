@@ -166,14 +166,20 @@ def run(
         interrupted = True
         st.stop = "interrupted"
     if as_json:
+        est = sess.plain_rate_estimate()
+        st_extra = {"plain_tokens_per_s_estimate": est} if est else {}
         out = {"text": "".join(pieces), "tokens": out_tokens, "prompt_tokens": toks, "target": sess.target.path,
-               "draft": sess.draft_model.path if sess.draft_model else sess.drafter.name, "stats": st.to_dict()}
+               "draft": sess.draft_model.path if sess.draft_model else sess.drafter.name,
+               "stats": {**st.to_dict(), **st_extra}}
         print(json.dumps(out, ensure_ascii=False))
     elif not interrupted:
         sys.stdout.write("\n")
     sys.stdout.flush()
     if stats:
         err(st.summary())
+    slower = sess.slower_than_plain(st)
+    if slower:
+        err(slower)
     sess.close()
     if interrupted:
         raise typer.Exit(130)

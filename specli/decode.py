@@ -28,8 +28,25 @@ class Chunk:
     from_draft: list[bool]
 
 
+class AcceptanceRates:
+    """Derived rates for anything counting drafted/accepted tokens and speculative steps."""
+
+    drafted: int
+    accepted: int
+    spec_steps: int
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Drafted tokens accepted per speculative step."""
+        return self.accepted / self.spec_steps if self.spec_steps else 0.0
+
+
 @dataclass
-class Stats:
+class Stats(AcceptanceRates):
     mode: str = "none"
     prompt_tokens: int = 0
     prompt_tokens_cached: int = 0
@@ -49,15 +66,6 @@ class Stats:
     @property
     def tokens_per_s(self) -> float:
         return self.generated / self.t_generate if self.t_generate > 0 else 0.0
-
-    @property
-    def acceptance(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def mean_accepted(self) -> float:
-        """Drafted tokens accepted per speculative step."""
-        return self.accepted / self.spec_steps if self.spec_steps else 0.0
 
     @property
     def plain_steps(self) -> int:

@@ -51,8 +51,11 @@ def plan_for(opts: Options, target_path: str, draft_path: str | None) -> tuple[P
     n_ctx = min(opts.n_ctx, n_ctx_train) if opts.n_ctx > 0 else n_ctx_train
     hw = detect(opts.vram)
     wants = "none" if opts.draft == "none" else ("model" if draft_path else "lookup")
+    pays = bool(draft_path) and calibrate.draft_on_cpu_pays(
+        target_path, draft_path, opts.threads or os.cpu_count() or 1, min(512, n_ctx), opts.draft_max)
     plan = make_plan(memory_from_header(th, name="target"), memory_from_header(dh, name="draft") if dh else None,
-                     hw.budget, n_ctx, hw.can_offload or hw.budget_source != "detected", wants_draft=wants)
+                     hw.budget, n_ctx, hw.can_offload or hw.budget_source != "detected", bool(pays),
+                     wants_draft=wants)
     return plan, hw, n_ctx
 
 
@@ -176,6 +179,20 @@ class Session:
     def generate(self, prompt: list[int], params: SamplingParams, max_tokens: int,
                  stats: Stats | None = None) -> Iterator[Chunk]:
         return generate(self.ctx, prompt, self.drafter, params, max_tokens, self.opts.draft_max, stats)
+
+    def plain_rate_estimate(self) -> float | None:
+        """Tokens/s plain decoding would have reached here: the controller's measured cost of a
+        one-token pass (refreshed from this run's plain steps); None without a controller."""
+        ctl = getattr(self.drafter, "ctl", None)
+        return 1.0 / ctl.cost.verify[0] if ctl and ctl.cost.verify[0] > 0 else None
+
+    def slower_than_plain(self, st: Stats, tolerance: float = 0.95) -> str | None:
+        """A one-line warning when speculation ran measurably slower than plain decoding would."""
+        est = self.plain_rate_estimate()
+        if est and st.generated >= 32 and st.tokens_per_s < tolerance * est:
+            return (f"note: speculation ran at {st.tokens_per_s / est:.2f}x the measured plain speed "
+                    f"({st.tokens_per_s:.1f} vs {est:.1f} tok/s) on this text; --draft none may be faster")
+        return None
 
     def close(self) -> None:
         self.drafter.close()

@@ -63,3 +63,28 @@ def test_recurrent_models_decode_plainly_and_say_so(tiny_target, tiny_draft, mon
     assert isinstance(sess.drafter, NoDrafter)
     assert any("recurrent/hybrid model" in n and "decoding plainly" in n for n in sess.opts.notes)
     sess.close()
+
+
+def test_draft_on_cpu_pays_only_from_measurements(cache, tiny_target, tiny_draft):
+    assert calibrate.draft_on_cpu_pays(tiny_target, tiny_draft, 2, 512, 8) is None  # nothing measured
+    d = {"version": calibrate.CALIBRATION_VERSION,
+         "verify:" + calibrate._ident(tiny_target, -1, 2, 512, 8): [0.01] * 9,  # GPU: flat curve
+         "draft:" + calibrate._ident(tiny_draft, 0, 2, 512, 0): 0.002}
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(d))
+    assert calibrate.draft_on_cpu_pays(tiny_target, tiny_draft, 2, 512, 8) is True
+    d["draft:" + calibrate._ident(tiny_draft, 0, 2, 512, 0)] = 0.02  # slower than the target itself
+    cache.write_text(json.dumps(d))
+    assert calibrate.draft_on_cpu_pays(tiny_target, tiny_draft, 2, 512, 8) is False
+
+
+def test_a_run_slower_than_plain_says_so(cache, tiny_target):
+    from specli.decode import Stats
+    from specli.session import Options, Session
+
+    sess = Session(Options(target=tiny_target, draft="lookup"))
+    sess.drafter.ctl.cost.verify[0] = 0.001  # plain decoding measured at 1000 tok/s
+    st = Stats(generated=100, t_generate=0.2)  # this run: 500 tok/s
+    assert sess.slower_than_plain(st).startswith("note: speculation ran at 0.50x the measured plain speed")
+    assert sess.slower_than_plain(Stats(generated=100, t_generate=0.1)) is None
+    sess.close()
