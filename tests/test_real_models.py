@@ -97,12 +97,14 @@ def test_speculative_output_is_the_plain_output(paths, target_ctx, capsys):
 
 
 def test_lookup_on_an_input_grounded_prompt(paths, target_ctx):
-    plain = gen(paths[TARGET], "none", REWRITE, n=96)
-    look = gen(paths[TARGET], "lookup", REWRITE, n=96)
+    """Lookup drafting every step (fixed length, so the figures do not depend on this machine's
+    timing) copies most of a rewrite from its input, in far fewer target passes."""
+    plain = gen(paths[TARGET], "none", REWRITE, 96)
+    look = gen(paths[TARGET], "lookup", REWRITE, 96, "--fixed", "--draft-max", "8")
     report = []
     assert_same_or_near_tie(target_ctx, plain, look, "rewrite lookup", report)
     st = look["stats"]
-    assert st["accepted"] > 20 and st["acceptance"] > 0.6, st  # measured 27 of 37 drafted
+    assert st["accepted"] > 30, st  # measured 48 of 82 tokens
     assert st["steps"] < plain["stats"]["steps"] * 0.7  # fewer target passes for the same text
 
 
