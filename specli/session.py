@@ -77,6 +77,10 @@ def choose_models(opts: Options, progress: Callable[[str], None] | None = None
     prof = profiles.get(opts.profile) if opts.profile else None
     if prof is None and not opts.target:
         raise SpecliError("name a model: --target REF or --profile NAME (see specli profiles)")
+    if prof is None and not os.path.exists(os.path.expanduser(opts.target)):
+        named = profiles.load_all().get(opts.target)
+        if named is not None:  # --target PROFILE: that profile's target, with all its sources
+            prof, opts.target = named, None
     tspec = prof.target if prof and not opts.target else ModelSpec((opts.target,))
     dspec: ModelSpec | None = None
     if opts.draft == "auto":

@@ -211,6 +211,8 @@ def test_draft_auto_from_a_profile_and_fallback_to_lookup(env, tmp_path, hub):
     assert rc == 0 and f"--draft auto: {D_REPO}:Q4_K_M (profile tiny)" in err, err
     rc, out, err = specli("run", "--profile", "tiny", "--raw", "-n", "8", "--prompt", "hi", env=env)
     assert rc == 0 and "(profile tiny)" in err, err
+    rc, out, err = specli("run", "--target", "tiny", "--raw", "-n", "8", "--prompt", "hi", env=env)
+    assert rc == 0 and "(profile tiny)" in err, err  # a profile name as --target
     # a target whose family has no smaller sibling on the Hub: prompt lookup
     hub.state.repos["solo/Solo-3B-GGUF"] = Repo({"solo-3b-q4_k_m.gguf": hub.state.repos[T_REPO].files[
         "tiny-target-2b-q4_k_m.gguf"]})
