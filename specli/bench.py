@@ -39,7 +39,7 @@ class ModeResult(AcceptanceRates):
     t_draft: float = 0.0
     t_verify: float = 0.0
     peak_rss_mb: float = 0.0
-    per_prompt: dict = field(default_factory=dict)  # prompt id -> tokens/s
+    per_prompt: dict = field(default_factory=dict)  # prompt id -> tokens/s of each repeat
     lossless: dict = field(default_factory=dict)  # prompt id -> "identical" or a description
     speedup: float | None = None
 
@@ -131,7 +131,7 @@ def run_bench(target_path: str, draft_path: str | None, suite: Suite, modes: lis
     use_chat = target.chat_template() is not None if chat is None else chat
     prompts = [(p, build_prompt(target, p.text, use_chat)) for p in suite.prompts]
     verify = calibrate.verify_costs(ctx, draft_max)
-    mdrafter: ModelDrafter | None = None  # loaded when the first mode needs it (peak RSS per mode)
+    mdrafter: ModelDrafter | None = None  # loaded after the warm-ups without it (peak RSS per mode)
     dcost = 0.0
     lcp = None
 
@@ -153,7 +153,7 @@ def run_bench(target_path: str, draft_path: str | None, suite: Suite, modes: lis
                                mdrafter if mode in ("model", "hybrid") else None)
 
     needs_draft = ("model", "hybrid", "model-fixed")
-    modes = [m for m in MODES if m in modes]  # this order: modes without the draft model first
+    modes = [m for m in MODES if m in modes]  # known modes, in the report's order
     if not draft_path:
         modes = [m for m in modes if m not in needs_draft]
     results = {m: ModeResult(m) for m in modes}
@@ -219,6 +219,7 @@ def run_bench(target_path: str, draft_path: str | None, suite: Suite, modes: lis
                 results[mode].lossless[pid] = "identical" if d is None else d.describe()
     finally:
         ctx.close()
+        target.close()
         if mdrafter:
             mdrafter.close()
             mdrafter.model.close()
@@ -240,7 +241,7 @@ class _FixedModel:
         self.inner = inner
 
     def propose(self, context, max_len):
-        return self.inner.propose(context, max_len, keep_going=lambda i, p: i == 0 or p >= self.p_min)
+        return self.inner.propose(context, max_len, p_min=self.p_min)
 
     def close(self):
         pass

@@ -85,24 +85,28 @@ Examples:
 
 
 def given_options(click_ctx: typer.Context) -> set[str]:
-    """Options the user typed (a profile's defaults fill the others)."""
+    """The options a profile could fill that the user typed (those stay as typed)."""
     from click.core import ParameterSource
-    names = {"draft_max": "draft_max", "ctx": "n_ctx", "draft_p_min": "draft_p_min"}
-    return {attr for p, attr in names.items()
-            if click_ctx.get_parameter_source(p) not in (None, ParameterSource.DEFAULT)}
+
+    from .profile import DEFAULTS
+    return {p for p in DEFAULTS if click_ctx.get_parameter_source(p) not in (None, ParameterSource.DEFAULT)}
 
 
 TARGET_HELP = "Target model: a GGUF path, org/repo:QUANT on the Hub, pypi:NAME, or a profile name."
 DRAFT_HELP = "Draft: a model reference (as for --target), 'lookup' (prompt lookup), 'auto' or 'none' (plain)."
+# the model options run, chat and bench share
+TARGET_OPTION = typer.Option(None, "--target", "-m", help=TARGET_HELP)
+PROFILE_OPTION = typer.Option(None, "--profile", "-P", help="A target/draft pair (specli profiles).")
+DRAFT_OPTION = typer.Option("auto", "--draft", "-d", help=DRAFT_HELP)
 
 
 @app.command(epilog=RUN_EPILOG)
 @one_line_errors
 def run(
     click_ctx: typer.Context,
-    target: Optional[str] = typer.Option(None, "--target", "-m", help=TARGET_HELP),
-    profile: Optional[str] = typer.Option(None, "--profile", "-P", help="A target/draft pair (specli profiles)."),
-    draft: str = typer.Option("auto", "--draft", "-d", help=DRAFT_HELP),
+    target: Optional[str] = TARGET_OPTION,
+    profile: Optional[str] = PROFILE_OPTION,
+    draft: str = DRAFT_OPTION,
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="Prompt text (default: standard input)."),
     file: Optional[str] = typer.Option(None, "--file", "-f", help="Read the prompt from this file."),
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1, help="Most tokens to generate."),
@@ -140,12 +144,12 @@ def run(
 
     opts = Options(target=target, draft=draft, profile=profile, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers,
                    draft_gpu_layers=draft_gpu_layers, vram=vram, draft_max=draft_max, draft_p_min=draft_p_min,
-                   adaptive=adaptive, hybrid=lookup)
+                   adaptive=adaptive, hybrid=lookup, given=given_options(click_ctx))
     if plan:
         print_plan(opts)
         return
     text = read_prompt(prompt, file)
-    sess = Session(opts, progress=lambda m: err(m), given=given_options(click_ctx))
+    sess = Session(opts, progress=err)
     toks = sess.prompt_tokens(text, chat, system)
     for note in opts.notes:
         err(note)
@@ -248,9 +252,9 @@ Examples:
 @app.command(epilog=BENCH_EPILOG)
 @one_line_errors
 def bench(
-    target: Optional[str] = typer.Option(None, "--target", "-m", help=TARGET_HELP),
-    profile: Optional[str] = typer.Option(None, "--profile", "-P", help="A target/draft pair (specli profiles)."),
-    draft: str = typer.Option("auto", "--draft", "-d", help=DRAFT_HELP),
+    target: Optional[str] = TARGET_OPTION,
+    profile: Optional[str] = PROFILE_OPTION,
+    draft: str = DRAFT_OPTION,
     suite: str = typer.Option("code,grounded,chat,unpredictable", "--suite", "-s",
                               help="Suite names (comma-separated) or a YAML/JSONL file of prompts."),
     modes: str = typer.Option("plain,lookup,model,hybrid", "--modes",
@@ -344,9 +348,9 @@ def _read_message(first_prompt: str = ">>> ", more_prompt: str = "... ") -> str:
 @one_line_errors
 def chat(
     click_ctx: typer.Context,
-    target: Optional[str] = typer.Option(None, "--target", "-m", help=TARGET_HELP),
-    profile: Optional[str] = typer.Option(None, "--profile", "-P", help="A target/draft pair (specli profiles)."),
-    draft: str = typer.Option("auto", "--draft", "-d", help=DRAFT_HELP),
+    target: Optional[str] = TARGET_OPTION,
+    profile: Optional[str] = PROFILE_OPTION,
+    draft: str = DRAFT_OPTION,
     system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
     max_tokens: int = typer.Option(512, "--max-tokens", "-n", min=1, help="Most tokens per reply."),
     temp: float = typer.Option(0.0, "--temp", min=0.0, help="Temperature; 0 is greedy."),
@@ -367,8 +371,8 @@ def chat(
     from .verify import SamplingParams
 
     opts = Options(target=target, draft=draft, profile=profile, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers,
-                   vram=vram, draft_max=draft_max, hybrid=lookup)
-    sess = Session(opts, progress=err, given=given_options(click_ctx))
+                   vram=vram, draft_max=draft_max, hybrid=lookup, given=given_options(click_ctx))
+    sess = Session(opts, progress=err)
     if sess.target.chat_template() is None:
         raise SpecliError(f"{sess.target.name} has no chat template; use specli run --raw")
     for note in opts.notes:

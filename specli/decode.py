@@ -102,9 +102,6 @@ class _Detok:
         return self.dec.decode(b"", final=True)
 
 
-DraftLength = Callable[[], int]
-
-
 def check_prompt_fits(n_prompt: int, n_ctx: int) -> None:
     if n_prompt >= n_ctx:
         raise SpecliError(f"the prompt is {n_prompt} tokens, longer than the context "
@@ -112,13 +109,13 @@ def check_prompt_fits(n_prompt: int, n_ctx: int) -> None:
 
 
 def generate(target: Context, prompt: Sequence[int], drafter: Drafter, params: SamplingParams,
-             max_tokens: int = 256, draft_max: int | DraftLength = 8,
+             max_tokens: int = 256, draft_max: int = 8,
              stats: Stats | None = None) -> Iterator[Chunk]:
     """Generate up to ``max_tokens`` after ``prompt``, speculating with ``drafter``.
 
     The target's cache is reused for the longest common prefix with what it already holds
-    (a multi-turn chat re-evaluates only the new turn). ``draft_max`` is a number or a
-    callable giving the draft length to ask for at each step.
+    (a multi-turn chat re-evaluates only the new turn). ``draft_max`` caps the tokens asked
+    of the drafter at each step (an adaptive drafter may take fewer).
     """
     model = target.model
     st = stats if stats is not None else Stats()
@@ -153,8 +150,7 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter, params: S
             if room < 0:
                 st.stop = "context"
                 break
-            want = draft_max() if callable(draft_max) else draft_max
-            k_max = max(0, min(want, max_tokens - st.generated - 1, room))
+            k_max = max(0, min(draft_max, max_tokens - st.generated - 1, room))
             ta = time.perf_counter()
             draft = drafter.propose(context, k_max) if k_max > 0 else Draft([], drafter.name)
             d = draft.tokens[:k_max]

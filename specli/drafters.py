@@ -86,9 +86,11 @@ class ModelDrafter:
         self.p_min = p_min
 
     def propose(self, context: Sequence[int], max_len: int,
-                keep_going: Callable[[int, float], bool] | None = None) -> Draft:
+                keep_going: Callable[[int, float], bool] | None = None, p_min: float | None = None) -> Draft:
         """Draft up to ``max_len`` tokens greedily. Before adding token i (0-based) with top
-        probability p, stop if p < p_min or ``keep_going(i, p)`` says it no longer pays."""
+        probability p, stop if p < p_min (this call's, else the drafter's) or ``keep_going(i, p)``
+        says it no longer pays."""
+        p_min = self.p_min if p_min is None else p_min
         if max_len <= 0:
             return Draft([], "model")
         ctx = self.ctx
@@ -104,7 +106,7 @@ class ModelDrafter:
             tok = int(row.argmax())
             z = row - row[tok]
             p_top = 1.0 / float(np.exp(z, dtype=np.float32).sum())
-            if toks and p_top < self.p_min:
+            if toks and p_top < p_min:
                 break
             if keep_going is not None and not keep_going(len(toks), p_top):
                 break

@@ -149,11 +149,6 @@ def _endpoint() -> str:
     return constants.ENDPOINT
 
 
-def _network_errors() -> tuple:
-    """Errors of the Hub client, whatever HTTP library this huggingface-hub version uses."""
-    return (Exception,)
-
-
 _reachable: dict[str, bool] = {}
 
 
@@ -200,7 +195,7 @@ def list_files(ref: HubRef) -> list[str]:
     from huggingface_hub import HfApi
     try:
         return HfApi().list_repo_files(ref.repo, revision=ref.revision)
-    except _network_errors() as e:
+    except Exception as e:  # the client's errors, whatever HTTP library this version uses
         raise _explain(e, ref) from None
 
 
@@ -231,15 +226,11 @@ def download(ref: HubRef, progress=None) -> str:
         try:
             paths.append(hf_hub_download(ref.repo, f, revision=ref.revision, local_files_only=offline(),
                                          tqdm_class=_progress_class()))
-        except OSError as e:
+        except Exception as e:
             import errno
             if getattr(e, "errno", None) == errno.ENOSPC:
                 raise SpecliError(f"disk full while downloading {f} into {_cache_root()}; free some space "
                                   "and run again (the download resumes)") from None
-            if isinstance(e, _network_errors()):
-                raise _explain(e, HubRef(ref.repo, ref.quant, f, ref.revision)) from None
-            raise
-        except _network_errors() as e:
             raise _explain(e, HubRef(ref.repo, ref.quant, f, ref.revision)) from None
     return paths[0]
 
@@ -271,9 +262,7 @@ def header(ref: HubRef, block_size: int = 1 << 20) -> GGUFHeader:
         with HfFileSystem(skip_instance_cache=True).open(path, "rb", block_size=block_size) as f:
             cf = _CountingFile(f)
             h = read_header(cf, name=f"{ref.repo}/{files[0]}")
-    except _network_errors() as e:
-        if isinstance(e, SpecliError):
-            raise
+    except Exception as e:
         raise _explain(e, ref) from None
     h.path = f"{ref.repo}/{files[0]}"
     h.bytes_read = cf.bytes
@@ -307,7 +296,7 @@ def search_drafts(target: HubRef, target_header: GGUFHeader, limit: int = 40) ->
         raise _unreachable(target)
     try:
         found = list(HfApi().list_models(search=fam, filter="gguf", limit=limit))
-    except _network_errors() as e:
+    except Exception as e:
         raise _explain(e, target) from None
     out = []
     for mi in found:

@@ -19,7 +19,9 @@ from .errors import SpecliError
 
 TOP_KEYS = {"name", "description", "target", "drafts", "defaults"}
 MODEL_KEYS = {"sources", "sha256", "size"}
-DEFAULT_KEYS = {"draft_max", "draft_p_min", "ctx", "temp", "top_k", "top_p", "max_tokens"}
+# a profile's defaults: key (also the CLI option's name) -> the session option it fills
+DEFAULTS = {"ctx": "n_ctx", "draft_max": "draft_max", "draft_p_min": "draft_p_min"}
+DEFAULT_KEYS = set(DEFAULTS)
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-import os
-
 from . import calibrate, compat, hub, models
 from . import profile as profiles
 from .controller import Controller, CostModel
@@ -22,6 +20,7 @@ from .plan import Plan, make_plan, memory_from_header
 from .profile import ModelSpec, Profile
 from .prompt import build_prompt
 from .verify import SamplingParams
+
 
 @dataclass
 class Options:
@@ -40,6 +39,7 @@ class Options:
     lookup_ngram: tuple[int, int] = (1, 8)
     lookup_min_match: int = 2
     f32_kv: bool = False
+    given: set[str] = field(default_factory=set)  # options the user typed: a profile does not override them
     notes: list[str] = field(default_factory=list)  # one-line decisions for stderr
 
 
@@ -59,20 +59,20 @@ def plan_for(opts: Options, target_path: str, draft_path: str | None) -> tuple[P
     return plan, hw, n_ctx
 
 
-def apply_profile_defaults(opts: Options, prof: Profile | None, given: set[str]) -> None:
+def apply_profile_defaults(opts: Options, prof: Profile | None) -> None:
     """A profile's defaults fill the options the user did not give."""
     if prof is None:
         return
-    mapping = {"draft_max": "draft_max", "draft_p_min": "draft_p_min", "ctx": "n_ctx"}
-    for key, attr in mapping.items():
-        if key in prof.defaults and attr not in given:
+    for key, attr in profiles.DEFAULTS.items():
+        if key in prof.defaults and key not in opts.given:
             setattr(opts, attr, type(getattr(opts, attr))(prof.defaults[key]))
 
 
 def choose_models(opts: Options, progress: Callable[[str], None] | None = None
                   ) -> tuple[str, str | None, Profile | None]:
     """Resolve the target and the draft (``--draft auto`` included), refusing an incompatible
-    pair from the GGUF headers before any weights are downloaded or loaded."""
+    pair from the GGUF headers before any weights are downloaded or loaded; the profile in
+    play (named, or found for the target) fills the options the user did not give."""
     notes = opts.notes
     prof = profiles.get(opts.profile) if opts.profile else None
     if prof is None and not opts.target:
@@ -98,6 +98,7 @@ def choose_models(opts: Options, progress: Callable[[str], None] | None = None
         compat.ensure_compatible(vocab_from_header(th), vocab_from_header(dh))
     tpath = models.resolve_spec(tspec, progress, notes)
     dpath = models.resolve_spec(dspec, progress, notes) if dspec else None
+    apply_profile_defaults(opts, prof)
     return tpath, dpath, prof
 
 
@@ -128,10 +129,9 @@ def _search_draft(tspec: ModelSpec, notes: list[str]) -> ModelSpec | None:
 
 
 class Session:
-    def __init__(self, opts: Options, progress: Callable[[str], None] | None = None, given: set[str] = frozenset()):
+    def __init__(self, opts: Options, progress: Callable[[str], None] | None = None):
         self.opts = opts
         target_path, draft_path, self.profile = choose_models(opts, progress)
-        apply_profile_defaults(opts, self.profile, set(given))
         self.plan, self.hardware, _ = plan_for(opts, target_path, draft_path)
         if self.hardware.budget is not None:
             opts.notes.append(self.plan.summary)
