@@ -27,7 +27,7 @@ def main() -> None:
     a = ap.parse_args()
     m = Model(models.resolve(a.target, progress=print), n_gpu_layers=a.gpu_layers)
     ctx = Context(m, ContextConfig(n_ctx=4096, n_threads=a.threads))
-    costs = calibrate.verify_costs(ctx, a.k_max, reps=3, use_cache=False)
+    costs = calibrate.verify_costs(ctx, a.k_max, reps=5, use_cache=False)
     print(f"target {os.path.basename(m.path)}, {ctx.threads} threads, one token {costs[0] * 1000:.1f} ms")
     print("| block (k+1) | cost / one token | ceiling (k+1)/cost |\n|---|---|---|")
     for k in calibrate.measured_points(a.k_max):

@@ -6,13 +6,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import statistics
 import time
 from pathlib import Path
 
 from .engine import Context, system_info
 from .wheels import cache_dir
 
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2
 
 
 def _ident(path: str, n_gpu_layers: int, threads: int, n_batch: int, k_max: int) -> str:
@@ -69,6 +70,11 @@ def _block(ctx: Context, n: int) -> list[int]:
     return (base * (n // max(1, len(base)) + 1))[:n]
 
 
+def _depth(ctx: Context, k_max: int) -> int:
+    """Tokens cached before a timed block: a typical prompt, so attention costs what it will."""
+    return max(1, min(256, ctx.n_ctx - k_max - 2))
+
+
 def measured_points(k_max: int) -> list[int]:
     """Draft lengths timed directly: every k up to 4, then blocks of 8, 12, 16, 24, 32 tokens
     (kernels switch at such sizes, so the curve has dips there); the rest is interpolated and
@@ -94,8 +100,10 @@ def interpolate(points: dict[int, float], k_max: int) -> list[float]:
     return out
 
 
-def verify_costs(ctx: Context, k_max: int, reps: int = 2, use_cache: bool = True) -> list[float]:
-    """seconds[k] for a block of k + 1 tokens with logits for every row, k = 0..k_max."""
+def verify_costs(ctx: Context, k_max: int, reps: int = 3, use_cache: bool = True) -> list[float]:
+    """seconds[k] for a block of k + 1 tokens with logits for every row, k = 0..k_max. The
+    sizes are timed in turn, ``reps`` rounds, median per size: a machine whose speed drifts
+    (turbo, a busy neighbour) then moves every size alike and the ratios hold."""
     key = "verify:" + _key(ctx, k_max)
     if use_cache:
         cached = _load().get(key)
@@ -103,21 +111,19 @@ def verify_costs(ctx: Context, k_max: int, reps: int = 2, use_cache: bool = True
             return [float(x) for x in cached]
     saved = list(ctx.tokens)
     ctx.clear()
-    prefix = _block(ctx, 64)
+    prefix = _block(ctx, _depth(ctx, k_max))
     ctx.eval(prefix, "none")
     for n in (1, k_max + 1):  # warm-up: the first pass of a shape allocates its graph
         ctx.eval(_block(ctx, n), "all")
         ctx.rollback(len(prefix))
-    points = {}
-    for k in measured_points(k_max):
-        best = float("inf")
-        for _ in range(reps):
+    times: dict[int, list[float]] = {k: [] for k in measured_points(k_max)}
+    for _ in range(reps):
+        for k, ts in times.items():
             t = time.perf_counter()
             ctx.eval(_block(ctx, k + 1), "all")
-            best = min(best, time.perf_counter() - t)
+            ts.append(time.perf_counter() - t)
             ctx.rollback(len(prefix))
-        points[k] = best
-    costs = interpolate(points, k_max)
+    costs = interpolate({k: statistics.median(ts) for k, ts in times.items()}, k_max)
     ctx.clear()
     if saved:
         ctx.eval(saved, "none")
@@ -133,7 +139,7 @@ def draft_token_cost(ctx: Context, reps: int = 4, use_cache: bool = True) -> flo
             return float(cached)
     saved = list(ctx.tokens)
     ctx.clear()
-    prefix = _block(ctx, 64)
+    prefix = _block(ctx, _depth(ctx, reps))
     ctx.eval(prefix, "none")
     ctx.eval(_block(ctx, 1))  # warm-up
     best = float("inf")

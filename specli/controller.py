@@ -57,17 +57,32 @@ def marginal_token_pays(p_all: float, k: int, verify: list[float], draft_token: 
 class CostModel:
     """verify[k]: seconds for the target to check k drafted tokens (a block of k + 1);
     draft_token: seconds per draft-model forward pass (one per drafted token, plus one per
-    step to catch up on the tokens the target emitted)."""
+    step to catch up on the tokens the target emitted).
+
+    The calibrated curve is corrected by what real steps take: each observed block size keeps
+    its own ratio of measured to calibrated time, and sizes not seen yet follow the average
+    ratio of all blocks seen (longer contexts, a busy machine and timing noise move every
+    block alike; a correction learned on short drafts then also prices the long ones)."""
 
     verify: list[float]
     draft_token: float = 0.0
     smoothing: float = 0.1
 
+    def __post_init__(self):
+        self.calibrated = list(self.verify)
+        self.ratio: list[float | None] = [None] * len(self.verify)  # measured / calibrated
+        self.block_ratio = 1.0  # over all blocks of 2+ tokens
+
     def observe_verify(self, k: int, seconds: float) -> None:
-        if k >= len(self.verify) or seconds <= 0:
+        if k >= len(self.verify) or seconds <= 0 or self.calibrated[k] <= 0:
             return
-        old = self.verify[k]
-        self.verify[k] = old + self.smoothing * (seconds - old)
+        r, s = seconds / self.calibrated[k], self.smoothing
+        old = self.ratio[k] if self.ratio[k] is not None else (self.block_ratio if k else 1.0)
+        self.ratio[k] = old + s * (r - old)
+        if k:
+            self.block_ratio += s * (r - self.block_ratio)
+        self.verify = [c * (q if q is not None else (self.block_ratio if i else 1.0))
+                       for i, (c, q) in enumerate(zip(self.calibrated, self.ratio))]
 
     def observe_draft(self, n_tokens: int, seconds: float) -> None:
         if n_tokens > 0 and seconds > 0:
@@ -120,10 +135,16 @@ class Acceptance:
             self._trial(i == 0, i < n_accepted)
 
 
+LOOKUP_BUCKETS = (2, 4, 8, 16)
+
+
 def lookup_key(match_len: int) -> str:
-    """Lookup acceptance is learned apart for short and long matched n-grams: on rewriting
-    prompts a match of 4+ tokens is followed by the target ~90% of the time, one of 1-3 ~55%."""
-    return "lookup:long" if match_len >= 4 else "lookup:short"
+    """Lookup acceptance is learned apart by how long the context has matched its source
+    (2-3, 4-7, 8-15, 16+ tokens): a long match means the answer is copying that source, and
+    the copy tends to go on (on rewriting prompts a match of 4+ tokens is followed ~90% of
+    the time, one of 2-3 ~55%), so long matches earn long drafts."""
+    b = max((e for e in LOOKUP_BUCKETS if match_len >= e), default=0)
+    return f"lookup:{b}"
 
 
 def prior(source: str) -> Acceptance:

@@ -52,9 +52,11 @@ class NoDrafter:
 
 class LookupDrafter:
     """Prompt lookup: copy what followed the latest earlier occurrence of the context's last
-    n tokens, longest n first."""
+    n tokens, longest n first. A draft's confidence is the match length, followed back up to
+    ``MATCH_CAP`` tokens."""
 
     name = "lookup"
+    MATCH_CAP = 32
 
     def __init__(self, n_min: int = 1, n_max: int = 8, min_match: int = 2):
         self.index = NgramIndex(n_min, n_max)
@@ -65,7 +67,7 @@ class LookupDrafter:
         if len(idx.tokens) > len(context) or idx.tokens != list(context[:len(idx.tokens)]):
             idx.truncate(0)
         idx.extend(context[len(idx.tokens):])
-        toks, n = idx.find(max_len)
+        toks, n = idx.find(max_len, self.MATCH_CAP)
         if n < self.min_match or max_len <= 0:
             return Draft([], "lookup")
         return Draft(toks, "lookup", [float(n)] * len(toks))
@@ -137,9 +139,10 @@ class AdaptiveDrafter:
     Each step it asks the controller which source and how many tokens pay best, given the
     measured verify costs and what each source's drafts have been worth so far; lookup is
     tried first (free), the draft model drafts only when it beats both lookup and plain
-    decoding, and stops as soon as its next token no longer pays. Lookup is scored even on
-    steps it did not draft (shadow accounting: its proposal is compared with what the target
-    emitted), so it is picked up again as soon as the text starts to repeat.
+    decoding, and stops as soon as its next token no longer pays. Lookup is scored on its
+    whole proposal against what the target emitted, also on steps it did not draft or drafted
+    only part of (shadow accounting), so it is picked up again as soon as the text starts to
+    repeat, and short drafts that all pass still teach how far a copy goes on.
     """
 
     def __init__(self, controller: Controller, lookup: LookupDrafter | None = None,
@@ -168,7 +171,7 @@ class AdaptiveDrafter:
             cands["model"] = max_len
         dec = self.ctl.decide(cands, k_cap=max_len)
         self.last = dec
-        self._pending = (look_key, look) if look and not dec.source.startswith("lookup") else None
+        self._pending = (look_key, look) if look else None
         if dec.k == 0:
             return Draft([], "none")
         if dec.source.startswith("lookup"):
@@ -193,9 +196,9 @@ class AdaptiveDrafter:
             ctl.cost.observe_draft(k + 1, t_draft)
             for i, c in enumerate(draft.confidence[: n_accepted + 1]):
                 self.bins[confidence_bin(c)].observe(1, 1 if i < n_accepted else 0)
-        if k:
-            ctl.observe(draft.source, k, n_accepted)
-        if self._pending:
+            if k:
+                ctl.observe("model", k, n_accepted)
+        if self._pending:  # lookup is scored on its whole proposal, drafted or not
             key, look = self._pending
             agree = 0
             for a, b in zip(look, emitted):

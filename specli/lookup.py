@@ -36,13 +36,18 @@ class NgramIndex:
             self.tokens, self.index = [], {}
             self.extend(keep)
 
-    def find(self, max_draft: int) -> tuple[list[int], int]:
-        """(drafted tokens, length of the matched n-gram); ([], 0) when nothing matches."""
+    def find(self, max_draft: int, extend_to: int = 0) -> tuple[list[int], int]:
+        """(drafted tokens, length of the match); ([], 0) when nothing matches. The match is
+        the longest indexed n-gram; with ``extend_to`` > n_max it is followed further back, up
+        to that many tokens (how long the context has been copying this source)."""
         toks = self.tokens
         L = len(toks)
         for n in range(min(self.n_max, L), self.n_min - 1, -1):
             e = self.index.get(tuple(toks[L - n:]))
             if e is not None:
+                if n == self.n_max:
+                    while n < extend_to and n < e and toks[e - 1 - n] == toks[L - 1 - n]:
+                        n += 1
                 return toks[e:e + max_draft], n
         return [], 0
 

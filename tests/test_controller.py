@@ -3,7 +3,7 @@
 import pytest
 
 from specli.controller import (Acceptance, Controller, CostModel, best_length, expected_accepted,
-                               marginal_token_pays, step_rate)
+                               lookup_key, marginal_token_pays, step_rate)
 from specli.drafters import AdaptiveDrafter, Draft, LookupDrafter
 
 # the 1.5B target on a 2-core CPU: verifying k+1 tokens costs this many single-token passes
@@ -112,10 +112,10 @@ def test_a_drafter_too_slow_to_ever_pay_is_never_probed():
 def test_controller_prefers_the_free_lookup_on_repeated_text():
     ctl = Controller(CostModel(curve(CPU_CURVE), draft_token=0.4 * T), k_max=8)
     for _ in range(10):
-        ctl.observe("lookup:long", 6, 6)
+        ctl.observe("lookup:4", 6, 6)
         ctl.observe("model", 4, 2)
-    d = ctl.decide({"lookup:long": 6, "model": 8})
-    assert d.source == "lookup:long" and d.k >= 2
+    d = ctl.decide({"lookup:4": 6, "model": 8})
+    assert d.source == "lookup:4" and d.k >= 2
     # no match this step: only the model is a candidate
     assert ctl.decide({"model": 8}).source in ("model", "none")
 
@@ -123,26 +123,66 @@ def test_controller_prefers_the_free_lookup_on_repeated_text():
 def test_hybrid_drafter_copies_from_a_repeated_context():
     ctl = Controller(CostModel(curve(CPU_CURVE)), k_max=8)
     for _ in range(5):
-        ctl.observe("lookup:long", 8, 8)
+        ctl.observe("lookup:4", 8, 8)
     h = AdaptiveDrafter(ctl, lookup=LookupDrafter())
     text = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 99, 11, 12, 13, 14]
     d = h.propose(text, 8)
-    assert d.source == "lookup:long" and d.tokens[:3] == [15, 16, 17]
+    assert d.source == "lookup:4" and d.tokens[:3] == [15, 16, 17] and d.confidence[0] == 4
     # shadow accounting: where verification is too dear to draft at all, the lookup proposal
     # is still scored against what the target emitted
     ctl2 = Controller(CostModel([T] + [100 * T] * 8), k_max=8)
     h2 = AdaptiveDrafter(ctl2, lookup=LookupDrafter())
     assert h2.propose(text, 8).tokens == []
-    key = h2.last and "lookup:long"
+    key = h2.last and "lookup:4"
     before = ctl2.acceptance(key).f_n
     h2.observe(Draft([], "none"), 0, [15], 0.0, T)  # the target emitted 15, as lookup proposed
     a = ctl2.acceptance(key)
     assert a.f_n == pytest.approx(before * a.decay + 1) and a.alpha_first > 0.6  # up from the 0.4 prior
 
 
+def test_blocks_seen_slower_than_calibrated_make_unseen_ones_dearer_too():
+    # calibrated on a short prefix, real steps run 20 % slower per block (longer context):
+    # learned on 2- and 4-token blocks, the correction prices the 16-token block as well,
+    # and drafts that paid on the calibrated curve at 88 % acceptance no longer do
+    vm = [1.0, 1.74, 2.38, 2.87, 3.56, 4.27, 5.5, 6.69, 7.2, 7.62, 8.0, 8.32, 8.3, 8.25, 8.22, 8.2, 8.9]
+    cm = CostModel(curve(vm), smoothing=0.2)
+    assert best_length(0.88, cm.verify, 0.0, 16)[0] == 3
+    for _ in range(30):
+        cm.observe_verify(0, T)
+        cm.observe_verify(1, 1.2 * vm[1] * T)
+        cm.observe_verify(3, 1.2 * vm[3] * T)
+    assert cm.verify[0] == pytest.approx(T)
+    assert cm.verify[15] == pytest.approx(1.2 * vm[15] * T, rel=0.01)
+    assert best_length(0.88, cm.verify, 0.0, 16)[0] == 0
+
+
+def test_lookup_acceptance_is_learned_per_match_length():
+    assert [lookup_key(n) for n in (2, 3, 4, 7, 8, 15, 16, 40)] == [
+        "lookup:2", "lookup:2", "lookup:4", "lookup:4", "lookup:8", "lookup:8", "lookup:16", "lookup:16"]
+    # on the CPU curve of this project's VM (blocks of 16 cost about 8 tokens): a copy that has
+    # matched for 16+ tokens and has kept going earns a long draft, while short matches that
+    # break half the time on the same controller draft little or nothing
+    vm = [1.0, 1.74, 2.38, 2.87, 3.56, 4.27, 5.5, 6.69, 7.2, 7.62, 8.0, 8.32, 8.3, 8.25, 8.22, 8.2, 8.9]
+    ctl = Controller(CostModel(curve(vm)), k_max=16)
+    for _ in range(12):
+        ctl.observe("lookup:16", 16, 16)
+        ctl.observe("lookup:2", 4, 1)
+    long, short = ctl.decide({"lookup:16": 16}), ctl.decide({"lookup:2": 16})
+    assert long.k == 15 and short.k <= 1  # 15 drafted + 1: the block of 16 is cheapest per token
+
+
+def test_lookup_drafter_reports_how_long_the_copy_has_matched():
+    src = list(range(100, 140))
+    d = LookupDrafter(n_max=4).propose(src + [7] + src[:20], 8)
+    assert d.tokens == src[20:28] and d.confidence[0] == 20  # followed back past the 4-gram
+    d = LookupDrafter(n_max=4).propose(src + [7] + [1] + src[10:13], 8)
+    assert d.tokens == src[13:21] and d.confidence[0] == 3  # a 3-gram, not followed back
+
+
 def test_costs_follow_measured_steps():
     cm = CostModel([1.0, 2.0], draft_token=0.5, smoothing=0.5)
     cm.observe_verify(1, 1.0)
     assert cm.verify[1] == pytest.approx(1.5)
+    assert cm.verify[0] == 1.0  # single tokens keep their own ratio
     cm.observe_draft(2, 0.2)
     assert cm.draft_token == pytest.approx(0.3)

@@ -25,5 +25,8 @@ def test_draft_is_capped_and_index_is_incremental():
     assert idx.find(2) == ([3, 4], 2)
     idx.extend([3])
     assert idx.find(10) == ([4, 5, 6, 1, 2, 3], 3)
+    # followed back: [1, 2, 3] matched 3 tokens (n_max), and the token before it too
+    idx.extend([4])
+    assert idx.find(1) == ([5], 3) and idx.find(1, extend_to=10) == ([5], 4)
     idx.truncate(3)
     assert idx.tokens == [1, 2, 3] and idx.find(4) == ([], 0)
