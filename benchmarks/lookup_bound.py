@@ -4,10 +4,11 @@
 For each greedy prompt of the suites it takes the target's own output (plain decoding) and the
 measured verify cost curve, then computes, without timing noise:
 
-- **clairvoyant bound**: the fastest any prompt-lookup drafter could be, one that knows the
-  future: at every position it may copy from *any* earlier occurrence of the last token
-  (prompt or output) and picks the draft length that minimises the total verify cost of the
-  whole answer (dynamic programming over the exact agreement lengths);
+- **clairvoyant bound**: the fastest any drafter that copies verbatim from the context could
+  be, one that knows the future: at every position it may copy from *any* earlier occurrence
+  of the last token (prompt or output) and picks the draft length that minimises the total
+  verify cost of the whole answer (dynamic programming over the exact agreement lengths).
+  specli's lookup also applies renames it has seen twice, which a verbatim copy cannot;
 - **adaptive (replayed)**: specli's own lookup drafter and cost-aware controller, replayed over
   the same tokens with the same costs (what `--draft lookup` would gain if timings were exact);
 - **fixed (replayed)**: lookup drafting `--draft-max` tokens whenever it has a match;
@@ -130,8 +131,10 @@ def main() -> None:
     lines = [
         "# Prompt lookup: replayed speed and the clairvoyant bound", "",
         f"Command: `{cmd.strip()}`  ", f"Machine: {platform.machine()}, {a.threads} threads, "
-        f"`{system_info()[:80]}`  ", f"Target: `{os.path.basename(m.path)}`, one token {costs[0] * 1000:.1f} ms, "
-        f"draft length up to {K}; perfect drafts would allow {perfect:.2f}×", "",
+        f"`{system_info()}`  ", f"Target: `{os.path.basename(m.path)}`, one token {costs[0] * 1000:.1f} ms, "
+        f"draft length up to {K}; perfect drafts would allow {perfect:.2f}×  ",
+        "Verify cost over one token, by block size (k + 1): "
+        + ", ".join(f"{k + 1}: {costs[k] / costs[0]:.2f}" for k in calibrate.measured_points(K)), "",
         "Speedups over plain decoding in verify-cost units (the measured cost curve, no timing noise); "
         "see benchmarks/lookup_bound.py for the definitions.", "",
         "| suite | specli adaptive lookup (replayed) | fixed lookup (replayed) | clairvoyant bound |",

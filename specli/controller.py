@@ -141,8 +141,9 @@ LOOKUP_BUCKETS = (2, 4, 8, 16)
 def lookup_key(match_len: int) -> str:
     """Lookup acceptance is learned apart by how long the context has matched its source
     (2-3, 4-7, 8-15, 16+ tokens): a long match means the answer is copying that source, and
-    the copy tends to go on (on rewriting prompts a match of 4+ tokens is followed ~90% of
-    the time, one of 2-3 ~55%), so long matches earn long drafts."""
+    the copy tends to go on. On the grounded suite's answers the next token follows a 2-3
+    token match 67% of the time, a longer one 84-92%, and each later token of a 16+ match
+    95% (vs 84-87%), so long matches earn long drafts."""
     b = max((e for e in LOOKUP_BUCKETS if match_len >= e), default=0)
     return f"lookup:{b}"
 

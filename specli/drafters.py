@@ -15,7 +15,7 @@ import numpy as np
 
 from .controller import Acceptance, Controller, lookup_key, marginal_token_pays
 from .engine import Context, ContextConfig, Model
-from .lookup import NgramIndex
+from .lookup import NgramIndex, Substitutions
 
 
 @dataclass
@@ -52,24 +52,34 @@ class NoDrafter:
 
 class LookupDrafter:
     """Prompt lookup: copy what followed the latest earlier occurrence of the context's last
-    n tokens, longest n first. A draft's confidence is the match length, followed back up to
+    n tokens, longest n first, with the token substitutions the answer has been making to what
+    it copies (``substitute``). A draft's confidence is the match length, followed back up to
     ``MATCH_CAP`` tokens."""
 
     name = "lookup"
     MATCH_CAP = 32
 
-    def __init__(self, n_min: int = 1, n_max: int = 8, min_match: int = 2):
+    def __init__(self, n_min: int = 1, n_max: int = 8, min_match: int = 2, substitute: bool = True):
         self.index = NgramIndex(n_min, n_max)
         self.min_match = min_match
+        self.subs = Substitutions() if substitute else None
 
     def propose(self, context: Sequence[int], max_len: int) -> Draft:
         idx = self.index
         if len(idx.tokens) > len(context) or idx.tokens != list(context[:len(idx.tokens)]):
             idx.truncate(0)
+            if self.subs:
+                self.subs.reset()
+        if self.subs:
+            self.subs.learn(context)
         idx.extend(context[len(idx.tokens):])
         toks, n = idx.find(max_len, self.MATCH_CAP)
+        if n < self.min_match and self.subs and self.subs.map:  # a copy that substituted goes on
+            toks, n = idx.find(max_len, self.MATCH_CAP, self.subs.undo(context[-self.MATCH_CAP:]))
         if n < self.min_match or max_len <= 0:
             return Draft([], "lookup")
+        if self.subs:
+            toks = self.subs.apply(len(context), toks)
         return Draft(toks, "lookup", [float(n)] * len(toks))
 
     def close(self) -> None:
@@ -165,8 +175,11 @@ class AdaptiveDrafter:
             d = self.lookup.propose(context, max_len)
             if d.tokens:
                 look = d.tokens
-                look_key = lookup_key(int(d.confidence[0]))
-                cands[look_key] = len(look)
+                match = int(d.confidence[0])
+                look_key = lookup_key(match)
+                # a copy is trusted about as far again as it has matched: a 2-token match that
+                # happens to recur cannot buy a 16-token block, a copy in sync can
+                cands[look_key] = min(len(look), 2 * match)
         if self.model is not None:
             cands["model"] = max_len
         dec = self.ctl.decide(cands, k_cap=max_len)

@@ -36,17 +36,19 @@ class NgramIndex:
             self.tokens, self.index = [], {}
             self.extend(keep)
 
-    def find(self, max_draft: int, extend_to: int = 0) -> tuple[list[int], int]:
+    def find(self, max_draft: int, extend_to: int = 0, tail: Sequence[int] | None = None) -> tuple[list[int], int]:
         """(drafted tokens, length of the match); ([], 0) when nothing matches. The match is
-        the longest indexed n-gram; with ``extend_to`` > n_max it is followed further back, up
-        to that many tokens (how long the context has been copying this source)."""
+        the longest indexed n-gram ending the context (or ``tail``, a stand-in for the
+        context's last tokens); with ``extend_to`` > n_max it is followed further back, up to
+        that many tokens (how long the context has been copying this source)."""
         toks = self.tokens
-        L = len(toks)
+        q = toks if tail is None else list(tail)
+        L = len(q)
         for n in range(min(self.n_max, L), self.n_min - 1, -1):
-            e = self.index.get(tuple(toks[L - n:]))
+            e = self.index.get(tuple(q[L - n:]))
             if e is not None:
                 if n == self.n_max:
-                    while n < extend_to and n < e and toks[e - 1 - n] == toks[L - 1 - n]:
+                    while n < extend_to and n < e and n < L and toks[e - 1 - n] == q[L - 1 - n]:
                         n += 1
                 return toks[e:e + max_draft], n
         return [], 0
@@ -57,3 +59,60 @@ def lookup_draft(tokens: Sequence[int], max_draft: int, n_min: int = 1, n_max: i
     idx = NgramIndex(n_min, n_max)
     idx.extend(tokens)
     return idx.find(max_draft)
+
+
+class Substitutions:
+    """Token substitutions the answer keeps making to the text it copies (a renamed
+    variable: the source says ``data``, the answer ``records``). One is learned when a copied
+    proposal breaks at a single token and the copy resumes right after it; it is applied to
+    later copies, and dropped as soon as it makes a proposal wrong."""
+
+    def __init__(self):
+        self.map: dict[int, int] = {}
+        self.seen: dict[tuple[int, int], int] = {}
+        self._last: tuple[int, list[int], list[int]] | None = None  # (position, proposed, copied)
+        self._cand: tuple[int, int, int, int] | None = None  # (position, source, replacement, next)
+
+    CONFIRM = 2  # seen twice: a one-off change is not a rename
+
+    def reset(self) -> None:
+        self.map.clear()
+        self.seen.clear()
+        self._last = self._cand = None
+
+    def learn(self, context: Sequence[int]) -> None:
+        """Compare the last proposal with what the context now holds."""
+        if self._cand is not None and self._cand[0] < len(context):
+            at, x, y, nxt = self._cand
+            if context[at] == nxt:  # the copy resumed after one token: a substitution
+                self.seen[(x, y)] = self.seen.get((x, y), 0) + 1
+                if self.seen[(x, y)] >= self.CONFIRM:
+                    self.map[x] = y
+            self._cand = None
+        if self._last is None:
+            return
+        pos, proposed, copied = self._last
+        for j, t in enumerate(proposed):
+            if pos + j >= len(context):
+                return  # not yet known; keep waiting
+            y = context[pos + j]
+            if t != y:
+                x = copied[j]
+                if self.map.get(x) == t:
+                    del self.map[x]
+                elif j + 1 < len(copied):
+                    self._cand = (pos + j + 1, x, y, copied[j + 1])
+                break
+        self._last = None
+
+    def undo(self, tokens: Sequence[int]) -> list[int]:
+        """``tokens`` as the source they were copied from said them (to find where a copy
+        that made substitutions goes on)."""
+        back = {y: x for x, y in self.map.items()}
+        return [back.get(t, t) for t in tokens]
+
+    def apply(self, position: int, copied: list[int]) -> list[int]:
+        """The proposal for ``copied`` tokens starting at context ``position``."""
+        proposed = [self.map.get(t, t) for t in copied] if self.map else list(copied)
+        self._last = (position, proposed, list(copied)) if copied else None
+        return proposed

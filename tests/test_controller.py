@@ -171,6 +171,20 @@ def test_lookup_acceptance_is_learned_per_match_length():
     assert long.k == 15 and short.k <= 1  # 15 drafted + 1: the block of 16 is cheapest per token
 
 
+def test_a_short_match_buys_a_short_draft_however_good_its_record():
+    vm = [1.0, 1.74, 2.38, 2.87, 3.56, 4.27, 5.5, 6.69, 7.2, 7.62, 8.0, 8.32, 8.3, 8.25, 8.22, 8.2, 8.9]
+    ctl = Controller(CostModel(curve(vm)), k_max=16)
+    for _ in range(20):
+        ctl.observe("lookup:2", 16, 16)
+        ctl.observe("lookup:16", 16, 16)
+    h = AdaptiveDrafter(ctl, lookup=LookupDrafter())
+    src = list(range(100, 140))
+    short = h.propose(src + [7, 1] + src[:2], 16)  # the last 2 tokens recur: match of 2
+    assert short.source == "lookup:2" and short.tokens == src[2:6]
+    long = h.propose(src + [7] + src[:20], 16)  # copying for 20 tokens
+    assert long.source == "lookup:16" and long.tokens == src[20:35]
+
+
 def test_lookup_drafter_reports_how_long_the_copy_has_matched():
     src = list(range(100, 140))
     d = LookupDrafter(n_max=4).propose(src + [7] + src[:20], 8)

@@ -1,4 +1,5 @@
-from specli.lookup import NgramIndex, lookup_draft
+from specli.drafters import LookupDrafter
+from specli.lookup import NgramIndex, Substitutions, lookup_draft
 
 
 def test_longest_match_first_and_latest_occurrence():
@@ -30,3 +31,51 @@ def test_draft_is_capped_and_index_is_incremental():
     assert idx.find(1) == ([5], 3) and idx.find(1, extend_to=10) == ([5], 4)
     idx.truncate(3)
     assert idx.tokens == [1, 2, 3] and idx.find(4) == ([], 0)
+
+
+def _copy_with(answer, prompt, drafter):
+    """Feed the answer one token at a time; the drafter's proposal before each token."""
+    props = []
+    for i in range(len(answer)):
+        props.append(drafter.propose(prompt + answer[:i], 6).tokens)
+    return props
+
+
+def test_a_rename_seen_twice_is_applied_to_later_copies():
+    X, Y = 7, 8
+    src = [10, 11, X, 12, 13, 14, 15, 16, X, 17, 18, 19, 20, 21, X, 22, 23, 24, 25, 26, X, 27, 28]
+    prompt = [1, 2] + src + [3]
+    answer = [Y if t == X else t for t in src]
+    d = LookupDrafter()
+    props = _copy_with(answer, prompt, d)
+    # the third and fourth X are proposed as Y (two confirmed substitutions before them)
+    i3 = [i for i, t in enumerate(src) if t == X][2]
+    i4 = [i for i, t in enumerate(src) if t == X][3]
+    assert Y in props[i3 - 2] and X not in props[i3 - 2]
+    assert props[i4][0] == Y
+    assert d.subs.map == {X: Y}
+    # past a substituted token the copy goes on (looked up as the source said it)
+    assert props[i3 + 1][:3] == src[i3 + 1:i3 + 4]
+    # without substitutions the same copy proposes X every time
+    plain = _copy_with(answer, prompt, LookupDrafter(substitute=False))
+    assert X in plain[i3 - 2] and Y not in plain[i3 - 2]
+
+
+def test_a_one_off_change_is_not_applied_and_a_wrong_one_is_dropped():
+    X, Y = 7, 8
+    src = [10, 11, X, 12, 13, 14, 15, 16, X, 17, 18, 19, 20, 21, X, 22, 23]
+    answer = list(src)
+    answer[2] = Y  # changed once only
+    prompt = [1, 2] + src + [3]
+    d = LookupDrafter()
+    props = _copy_with(answer, prompt, d)
+    xs = [i for i, t in enumerate(src) if t == X]
+    assert d.subs.map == {} and d.subs.seen == {(X, Y): 1}
+    assert [props[i][0] for i in xs[1:]] == [X, X]
+    # a learned substitution that the answer stops making is forgotten at its first failure
+    s = Substitutions()
+    s.map[X] = Y
+    ctx = [5, 6]
+    assert s.apply(len(ctx), [X, 12]) == [Y, 12]
+    s.learn(ctx + [X, 12])
+    assert s.map == {}
