@@ -67,13 +67,13 @@ class Substitutions:
     proposal breaks at a single token and the copy resumes right after it; it is applied to
     later copies, and dropped as soon as it makes a proposal wrong."""
 
+    CONFIRM = 2  # seen twice: a one-off change is not a rename
+
     def __init__(self):
         self.map: dict[int, int] = {}
         self.seen: dict[tuple[int, int], int] = {}
         self._last: tuple[int, list[int], list[int]] | None = None  # (position, proposed, copied)
         self._cand: tuple[int, int, int, int] | None = None  # (position, source, replacement, next)
-
-    CONFIRM = 2  # seen twice: a one-off change is not a rename
 
     def reset(self) -> None:
         self.map.clear()
