@@ -6,6 +6,8 @@ from specli.controller import (Acceptance, Controller, CostModel, best_length, e
                                lookup_key, marginal_token_pays, step_rate)
 from specli.drafters import AdaptiveDrafter, Draft, LookupDrafter
 
+from curves import VM_CURVE
+
 # the 1.5B target on a 2-core CPU: verifying k+1 tokens costs this many single-token passes
 CPU_CURVE = [1.0, 1.5, 2.0, 2.2, 2.6, 3.0, 3.1, 4.0, 4.8]
 GPU_CURVE = [1.0, 1.02, 1.04, 1.05, 1.06, 1.08, 1.1, 1.12, 1.15]
@@ -144,15 +146,14 @@ def test_blocks_seen_slower_than_calibrated_make_unseen_ones_dearer_too():
     # calibrated on a short prefix, real steps run 20 % slower per block (longer context):
     # learned on 2- and 4-token blocks, the correction prices the 16-token block as well,
     # and drafts that paid on the calibrated curve at 88 % acceptance no longer do
-    vm = [1.0, 1.74, 2.38, 2.87, 3.56, 4.27, 5.5, 6.69, 7.2, 7.62, 8.0, 8.32, 8.3, 8.25, 8.22, 8.2, 8.9]
-    cm = CostModel(curve(vm), smoothing=0.2)
+    cm = CostModel(curve(VM_CURVE), smoothing=0.2)
     assert best_length(0.88, cm.verify, 0.0, 16)[0] == 3
     for _ in range(30):
         cm.observe_verify(0, T)
-        cm.observe_verify(1, 1.2 * vm[1] * T)
-        cm.observe_verify(3, 1.2 * vm[3] * T)
+        cm.observe_verify(1, 1.2 * VM_CURVE[1] * T)
+        cm.observe_verify(3, 1.2 * VM_CURVE[3] * T)
     assert cm.verify[0] == pytest.approx(T)
-    assert cm.verify[15] == pytest.approx(1.2 * vm[15] * T, rel=0.01)
+    assert cm.verify[15] == pytest.approx(1.2 * VM_CURVE[15] * T, rel=0.01)
     assert best_length(0.88, cm.verify, 0.0, 16)[0] == 0
 
 
@@ -162,8 +163,7 @@ def test_lookup_acceptance_is_learned_per_match_length():
     # on the CPU curve of this project's VM (blocks of 16 cost about 8 tokens): a copy that has
     # matched for 16+ tokens and has kept going earns a long draft, while short matches that
     # break half the time on the same controller draft little or nothing
-    vm = [1.0, 1.74, 2.38, 2.87, 3.56, 4.27, 5.5, 6.69, 7.2, 7.62, 8.0, 8.32, 8.3, 8.25, 8.22, 8.2, 8.9]
-    ctl = Controller(CostModel(curve(vm)), k_max=16)
+    ctl = Controller(CostModel(curve(VM_CURVE)), k_max=16)
     for _ in range(12):
         ctl.observe("lookup:16", 16, 16)
         ctl.observe("lookup:2", 4, 1)
@@ -172,8 +172,7 @@ def test_lookup_acceptance_is_learned_per_match_length():
 
 
 def test_a_short_match_buys_a_short_draft_however_good_its_record():
-    vm = [1.0, 1.74, 2.38, 2.87, 3.56, 4.27, 5.5, 6.69, 7.2, 7.62, 8.0, 8.32, 8.3, 8.25, 8.22, 8.2, 8.9]
-    ctl = Controller(CostModel(curve(vm)), k_max=16)
+    ctl = Controller(CostModel(curve(VM_CURVE)), k_max=16)
     for _ in range(20):
         ctl.observe("lookup:2", 16, 16)
         ctl.observe("lookup:16", 16, 16)

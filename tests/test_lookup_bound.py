@@ -10,13 +10,14 @@ import pytest
 from specli.controller import Controller, CostModel
 from specli.drafters import AdaptiveDrafter, LookupDrafter
 
+from curves import VM_CURVE
+
 _spec = importlib.util.spec_from_file_location(
     "lookup_bound", os.path.join(os.path.dirname(__file__), "..", "benchmarks", "lookup_bound.py"))
 lb = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(lb)
 
-# blocks of 16 cost about 8 single-token passes: this project's 2-core VM, roughly
-COSTS = [1.0, 1.74, 2.38, 2.87, 3.56, 4.27, 5.5, 6.69, 7.2, 7.62, 8.0, 8.32, 8.3, 8.25, 8.22, 8.2, 8.9]
+COSTS = VM_CURVE
 
 
 def test_bound_of_an_exact_copy():
