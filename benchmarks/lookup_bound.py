@@ -34,7 +34,7 @@ from specli.drafters import AdaptiveDrafter, Draft, LookupDrafter, NoDrafter  # 
 from specli.engine import Context, ContextConfig, Model, system_info  # noqa: E402
 from specli.prompt import build_prompt  # noqa: E402
 from specli.suite import load_suite  # noqa: E402
-from specli.verify import SamplingParams  # noqa: E402
+from specli.verify import SamplingParams, greedy_accept  # noqa: E402
 
 
 def agreement(prompt: Sequence[int], out: Sequence[int], k_max: int) -> list[int]:
@@ -79,9 +79,7 @@ def replay(prompt: Sequence[int], out: Sequence[int], drafter, costs: Sequence[f
         k_max = max(0, min(k_cap, n - 1 - i))
         d = drafter.propose(ctx, k_max) if k_max else Draft([], "none")
         toks = d.tokens[:k_max]
-        a = 0
-        while a < len(toks) and toks[a] == out[i + a]:
-            a += 1
+        a, _ = greedy_accept(toks, out[i:i + len(toks) + 1])  # the target's tokens are out's
         total += costs[len(toks)]
         observe = getattr(drafter, "observe", None)
         if observe is not None:

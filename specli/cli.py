@@ -98,6 +98,19 @@ DRAFT_HELP = "Draft: a model reference (as for --target), 'lookup' (prompt looku
 TARGET_OPTION = typer.Option(None, "--target", "-m", help=TARGET_HELP)
 PROFILE_OPTION = typer.Option(None, "--profile", "-P", help="A target/draft pair (specli profiles).")
 DRAFT_OPTION = typer.Option("auto", "--draft", "-d", help=DRAFT_HELP)
+# generation and hardware options run and chat share (bench has its own --draft-max and --gpu-layers)
+TEMP_OPTION = typer.Option(0.0, "--temp", min=0.0, help="Temperature; 0 is greedy.")
+TOP_K_OPTION = typer.Option(0, "--top-k", min=0, help="Top-k sampling (0: off).")
+TOP_P_OPTION = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Top-p (nucleus) sampling (1: off).")
+SEED_OPTION = typer.Option(None, "--seed", help="Random seed for sampling.")
+DRAFT_MAX_OPTION = typer.Option(16, "--draft-max", min=0, help="Most tokens drafted per step.")
+LOOKUP_OPTION = typer.Option(True, "--lookup/--no-lookup",
+                             help="With a draft model, also copy from the context when it repeats.")
+CTX_OPTION = typer.Option(4096, "--ctx", "-c", min=0, help="Context size in tokens (0: the model's own).")
+THREADS_OPTION = typer.Option(None, "--threads", "-t", min=1, help="CPU threads.")
+GPU_LAYERS_OPTION = typer.Option(None, "--gpu-layers", "-ngl",
+                                 help="Target layers on the GPU (-1: all; default: the hardware plan).")
+VRAM_OPTION = typer.Option(None, "--vram", help="GPU memory budget, e.g. 6GiB (default: detected; env SPECLI_VRAM).")
 
 
 @app.command(epilog=RUN_EPILOG)
@@ -110,26 +123,23 @@ def run(
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="Prompt text (default: standard input)."),
     file: Optional[str] = typer.Option(None, "--file", "-f", help="Read the prompt from this file."),
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1, help="Most tokens to generate."),
-    temp: float = typer.Option(0.0, "--temp", min=0.0, help="Temperature; 0 is greedy."),
-    top_k: int = typer.Option(0, "--top-k", min=0, help="Top-k sampling (0: off)."),
-    top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Top-p (nucleus) sampling (1: off)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed for sampling."),
-    draft_max: int = typer.Option(16, "--draft-max", min=0, help="Most tokens drafted per step."),
+    temp: float = TEMP_OPTION,
+    top_k: int = TOP_K_OPTION,
+    top_p: float = TOP_P_OPTION,
+    seed: Optional[int] = SEED_OPTION,
+    draft_max: int = DRAFT_MAX_OPTION,
     draft_p_min: float = typer.Option(0.6, "--draft-p-min", min=0.0, max=1.0,
                                       help="Draft model stops when its top probability falls below this."),
     adaptive: bool = typer.Option(True, "--adaptive/--fixed",
                                   help="Choose the draft length per step from measured costs (default), "
                                        "or always draft up to --draft-max."),
-    lookup: bool = typer.Option(True, "--lookup/--no-lookup",
-                                help="With a draft model, also copy from the context when it repeats."),
-    ctx: int = typer.Option(4096, "--ctx", "-c", min=0, help="Context size in tokens (0: the model's own)."),
-    threads: Optional[int] = typer.Option(None, "--threads", "-t", min=1, help="CPU threads."),
-    gpu_layers: Optional[int] = typer.Option(None, "--gpu-layers", "-ngl",
-                                             help="Target layers on the GPU (-1: all; default: the hardware plan)."),
+    lookup: bool = LOOKUP_OPTION,
+    ctx: int = CTX_OPTION,
+    threads: Optional[int] = THREADS_OPTION,
+    gpu_layers: Optional[int] = GPU_LAYERS_OPTION,
     draft_gpu_layers: Optional[int] = typer.Option(None, "--draft-gpu-layers",
                                                    help="Draft layers on the GPU (default: the hardware plan)."),
-    vram: Optional[str] = typer.Option(None, "--vram", help="GPU memory budget, e.g. 6GiB (default: detected; "
-                                                             "env SPECLI_VRAM)."),
+    vram: Optional[str] = VRAM_OPTION,
     plan: bool = typer.Option(False, "--plan", help="Print where each model would go, and why; generate nothing."),
     chat: Optional[bool] = typer.Option(None, "--chat/--raw",
                                         help="Apply the model's chat template (default when it has one)."),
@@ -262,8 +272,8 @@ def bench(
     max_tokens: int = typer.Option(128, "--max-tokens", "-n", min=1, help="Tokens per prompt."),
     repeat: int = typer.Option(1, "--repeat", min=1, help="Measured passes over the suite."),
     draft_max: int = typer.Option(16, "--draft-max", min=1, help="Most tokens drafted per step."),
-    ctx: int = typer.Option(4096, "--ctx", "-c", min=0, help="Context size in tokens."),
-    threads: Optional[int] = typer.Option(None, "--threads", "-t", min=1, help="CPU threads."),
+    ctx: int = CTX_OPTION,
+    threads: Optional[int] = THREADS_OPTION,
     gpu_layers: int = typer.Option(0, "--gpu-layers", "-ngl", help="Layers to offload to the GPU (-1: all)."),
     compare_lcp: bool = typer.Option(False, "--compare-llama-cpp-python",
                                      help="Also time llama-cpp-python's own LlamaPromptLookupDecoding."),
@@ -353,16 +363,16 @@ def chat(
     draft: str = DRAFT_OPTION,
     system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
     max_tokens: int = typer.Option(512, "--max-tokens", "-n", min=1, help="Most tokens per reply."),
-    temp: float = typer.Option(0.0, "--temp", min=0.0, help="Temperature; 0 is greedy."),
-    top_k: int = typer.Option(0, "--top-k", min=0),
-    top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0),
-    seed: Optional[int] = typer.Option(None, "--seed"),
-    draft_max: int = typer.Option(16, "--draft-max", min=0, help="Most tokens drafted per step."),
-    lookup: bool = typer.Option(True, "--lookup/--no-lookup", help="With a draft model, also use prompt lookup."),
-    ctx: int = typer.Option(4096, "--ctx", "-c", min=0, help="Context size in tokens."),
-    threads: Optional[int] = typer.Option(None, "--threads", "-t", min=1),
-    gpu_layers: Optional[int] = typer.Option(None, "--gpu-layers", "-ngl"),
-    vram: Optional[str] = typer.Option(None, "--vram"),
+    temp: float = TEMP_OPTION,
+    top_k: int = TOP_K_OPTION,
+    top_p: float = TOP_P_OPTION,
+    seed: Optional[int] = SEED_OPTION,
+    draft_max: int = DRAFT_MAX_OPTION,
+    lookup: bool = LOOKUP_OPTION,
+    ctx: int = CTX_OPTION,
+    threads: Optional[int] = THREADS_OPTION,
+    gpu_layers: Optional[int] = GPU_LAYERS_OPTION,
+    vram: Optional[str] = VRAM_OPTION,
     show_drafts: bool = typer.Option(False, "--show-drafts", help="Colour the tokens that came from the drafter."),
 ):
     """Interactive chat, streamed, with the conversation kept in the KV cache between turns."""
