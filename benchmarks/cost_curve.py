@@ -14,8 +14,9 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from specli import calibrate, models  # noqa: E402
 from specli.engine import Context, ContextConfig, Model  # noqa: E402
+from specli.hardware import calibrate
+from specli.resolve import models  # noqa: E402
 
 
 def main() -> None:

@@ -27,14 +27,17 @@ from typing import Sequence
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from specli import calibrate, models  # noqa: E402
-from specli.controller import Controller, CostModel  # noqa: E402
-from specli.decode import generate  # noqa: E402
-from specli.drafters import AdaptiveDrafter, Draft, LookupDrafter, NoDrafter  # noqa: E402
 from specli.engine import Context, ContextConfig, Model, system_info  # noqa: E402
+from specli.hardware import calibrate
+from specli.measure.suite import load_suite  # noqa: E402
 from specli.prompt import build_prompt  # noqa: E402
-from specli.suite import load_suite  # noqa: E402
-from specli.verify import SamplingParams, greedy_accept  # noqa: E402
+from specli.resolve import models  # noqa: E402
+from specli.speculate.adaptive import AdaptiveDrafter
+from specli.speculate.controller import Controller, CostModel  # noqa: E402
+from specli.tokens import common_prefix  # noqa: E402
+from specli.speculate.drafters import NONE, Draft, LookupDrafter, NoDrafter  # noqa: E402
+from specli.speculate.loop import generate  # noqa: E402
+from specli.speculate.verify import SamplingParams, greedy_accept  # noqa: E402
 
 
 def agreement(prompt: Sequence[int], out: Sequence[int], k_max: int) -> list[int]:
@@ -48,10 +51,7 @@ def agreement(prompt: Sequence[int], out: Sequence[int], k_max: int) -> list[int
         for j in range(pos - 1):
             if full[j] != full[pos - 1]:
                 continue
-            a = 0
-            while a < k_max and pos + a < len(full) and full[j + 1 + a] == full[pos + a]:
-                a += 1
-            best = max(best, a)
+            best = max(best, common_prefix(full[j + 1:j + 1 + k_max], full[pos:]))
         agree[i] = best
     return agree
 
@@ -77,14 +77,12 @@ def replay(prompt: Sequence[int], out: Sequence[int], drafter, costs: Sequence[f
     k_cap = len(costs) - 1
     while i < n:
         k_max = max(0, min(k_cap, n - 1 - i))
-        d = drafter.propose(ctx, k_max) if k_max else Draft([], "none")
+        d = drafter.propose(ctx, k_max) if k_max else Draft([])
         toks = d.tokens[:k_max]
         a, _ = greedy_accept(toks, out[i:i + len(toks) + 1])  # the target's tokens are out's
         total += costs[len(toks)]
-        observe = getattr(drafter, "observe", None)
-        if observe is not None:
-            observe(Draft(toks, d.source if toks else "none", d.confidence), a, out[i:i + a + 1], 0.0,
-                    costs[len(toks)])
+        drafter.observe(Draft(toks, d.source if toks else NONE, d.confidence), a, out[i:i + a + 1], 0.0,
+                        costs[len(toks)])
         ctx += out[i:i + a + 1]
         i += a + 1
     return total

@@ -20,11 +20,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import llama_cpp as L  # noqa: E402
 
-from specli import models  # noqa: E402
-from specli.decode import Stats, generate  # noqa: E402
-from specli.drafters import NoDrafter  # noqa: E402
 from specli.engine import Context, ContextConfig, Model  # noqa: E402
-from specli.verify import SamplingParams  # noqa: E402
+from specli.resolve import models  # noqa: E402
+from specli.speculate.drafters import NoDrafter  # noqa: E402
+from specli.speculate.loop import generate  # noqa: E402
+from specli.speculate.verify import SamplingParams  # noqa: E402
 
 
 def main() -> None:
@@ -39,9 +39,10 @@ def main() -> None:
 
     def specli_loop() -> float:
         c.clear()
-        st = Stats()
-        for _ in generate(c, prompt, NoDrafter(), SamplingParams(), a.tokens, 0, st):
+        resp = generate(c, prompt, NoDrafter(), SamplingParams(), a.tokens, 0)
+        for _ in resp:
             pass
+        st = resp.stats
         return st.tokens_per_s
 
     def bare_loop() -> float:

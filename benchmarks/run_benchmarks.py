@@ -26,15 +26,17 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from specli import models  # noqa: E402
-from specli.bench import run_bench  # noqa: E402
-from specli.decode import Stats, generate  # noqa: E402
-from specli.drafters import NoDrafter  # noqa: E402
 from specli.engine import Context, ContextConfig, Model, system_info  # noqa: E402
+from specli.measure.bench import run_bench  # noqa: E402
+from specli.measure.report import markdown  # noqa: E402
+from specli.measure.suite import load_suite  # noqa: E402
 from specli.prompt import build_prompt  # noqa: E402
-from specli.report import markdown  # noqa: E402
-from specli.suite import load_suite  # noqa: E402
-from specli.verify import SamplingParams  # noqa: E402
+from specli.resolve import models  # noqa: E402
+from specli.speculate.drafters import NoDrafter  # noqa: E402
+from specli.session import Options, Session  # noqa: E402
+from specli.speculate.loop import generate  # noqa: E402
+from specli.speculate.settings import SpecSettings  # noqa: E402
+from specli.speculate.verify import SamplingParams  # noqa: E402
 
 
 def plain_vs_llama_bench(target: str, bindir: str | None, threads: int, n: int = 128, depth: int = 128,
@@ -51,9 +53,10 @@ def plain_vs_llama_bench(target: str, bindir: str | None, threads: int, n: int =
     ours, theirs = [], []
     for _ in range(rounds):
         ctx.clear()
-        st = Stats()
-        for _ch in generate(ctx, prompt, NoDrafter(), SamplingParams(), n, 0, st):
+        resp = generate(ctx, prompt, NoDrafter(), SamplingParams(), n, 0)
+        for _ch in resp:
             pass
+        st = resp.stats
         ours.append(st.tokens_per_s)
         if have_bench:
             r = subprocess.run([exe, "-m", target, "-p", "0", "-n", str(n), "-d", str(len(prompt)), "-t",
@@ -105,7 +108,7 @@ def main() -> None:
     ap.add_argument("-n", "--max-tokens", type=int, default=128)
     ap.add_argument("--draft-max", type=int, default=16)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--gpu-layers", type=int, default=0)
+    ap.add_argument("--gpu-layers", type=int, default=None, help="default: the hardware plan")
     ap.add_argument("--llama-cpp-bin", default=os.environ.get("LLAMA_CPP_BIN"),
                     help="folder with llama.cpp's llama-bench, llama-speculative-simple, llama-lookup")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "docs", "benchmark-report.md"))
@@ -120,11 +123,12 @@ def main() -> None:
     print(overhead, flush=True)
     reports = []
     theirs = {}
+    sess = Session(Options(target=target, draft=draft or "lookup", n_ctx=4096, threads=a.threads,
+                           gpu_layers=a.gpu_layers, spec=SpecSettings(draft_max=a.draft_max)), build_drafter=False)
     for s in a.suites.split(","):
         suite = load_suite(s)
         print(f"suite {s} ...", flush=True)
-        rep = run_bench(target, draft, suite, a.modes.split(","), a.max_tokens, 1, 4096, a.threads, a.draft_max,
-                        a.gpu_layers)
+        rep = run_bench(sess, suite, a.modes.split(","), a.max_tokens, 1)
         reports.append(rep)
         if a.llama_cpp_bin and s in a.llama_cpp_suites.split(","):
             m = Model(target, vocab_only=True)

@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from .decode import Chunk, Stats
-from .errors import SpecliError
-from .prompt import chat_text, tokenize_prompt
-from .session import Session
-from .verify import SamplingParams
+from specli.errors import SpecliError
+from specli.prompt import chat_text, tokenize_prompt
+from specli.session import Session
+from specli.speculate.loop import Chunk, Stats
+from specli.speculate.verify import SamplingParams
 
 
 def trim_history(messages: list[dict], fits: Callable[[list[dict]], bool]) -> tuple[list[dict], int]:
@@ -37,8 +37,7 @@ class Chat:
     max_tokens: int = 512
     system: str | None = None
     messages: list[dict] = field(default_factory=list)
-    last: Stats | None = None
-    turns: list[Stats] = field(default_factory=list)
+    last: Stats | None = None  # the last reply's stats
 
     def __post_init__(self):
         self.reset()
@@ -46,7 +45,6 @@ class Chat:
     def reset(self) -> None:
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
         self.session.ctx.clear()
-        self.turns = []
         self.last = None
         self._hist_text, self._hist_tokens = "", []
         self._reply = ("", [], [], [])
@@ -74,11 +72,10 @@ class Chat:
         self.messages = msgs
         prompt_text = self._text(msgs)
         prompt = self._tokens(prompt_text)
-        st = Stats()
-        self.last = st
-        self.turns.append(st)
+        resp = self.session.generate(prompt, self.params, budget)
+        self.last = resp.stats
         self._reply = (prompt_text, prompt, [], [])
-        return self._record(self.session.generate(prompt, self.params, budget, st)), dropped
+        return self._record(resp), dropped
 
     def _record(self, stream: Iterator[Chunk]) -> Iterator[Chunk]:
         _, _, texts, toks = self._reply

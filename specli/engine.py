@@ -3,7 +3,18 @@
 ``Model`` owns the weights and the vocabulary; ``Context`` owns one KV cache and exposes the
 three operations speculative decoding needs: evaluate a block of tokens asking for logits only
 at chosen positions, read those logits without copying the whole buffer, and roll the cache
-back to a shorter prefix (checking that the model's memory allows it).
+back to a shorter prefix.
+
+Rolling back is easy for attention (drop KV rows) and not for recurrent layers, whose state
+folds every token in. Hybrid and recurrent models (Qwen3.5, LFM2, Nemotron-H, Mamba, RWKV, ...)
+roll back with whichever mechanism this llama.cpp offers for the architecture:
+- *snapshots*: ``n_rs_seq`` recurrent states kept per sequence, so the last decode can be cut
+  back, once, by up to that many tokens and fewer than it decoded (``llama_n_rs_seq`` reads 0
+  where unsupported; llama.cpp accepts larger cuts and silently keeps a wrong state, so the
+  limits are checked here);
+- *checkpoints*: the recurrent part of the state saved (``PARTIAL_ONLY``) at a ``mark()``,
+  restored on a rollback, the attention rows cut, and the kept tokens decoded again;
+- failing both, the kept prefix is decoded again from scratch (always correct, slow).
 """
 
 from __future__ import annotations
@@ -15,8 +26,9 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import SpecliError
-from .gguf_meta import VocabInfo, read_gguf
+from specli.errors import ContextFull, SpecliError
+from specli.resolve.gguf_header import VocabInfo, read_gguf
+from specli.tokens import common_prefix
 
 try:
     import llama_cpp as L
@@ -57,7 +69,7 @@ def system_info() -> str:
 class Model:
     """Weights and vocabulary of one GGUF model."""
 
-    def __init__(self, path: str, n_gpu_layers: int = 0, vocab_only: bool = False):
+    def __init__(self, path: str, n_gpu_layers: int = 0, vocab_only: bool = False, load_mtp: bool = False):
         _init_backend()
         self.header = read_gguf(path)  # clear errors for missing, non-GGUF and truncated files
         self.path = path
@@ -65,6 +77,7 @@ class Model:
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = n_gpu_layers
         mp.vocab_only = vocab_only
+        mp.load_mtp = load_mtp
         self._model = L.llama_model_load_from_file(path.encode(), mp)
         if not self._model:
             raise SpecliError(f"llama.cpp could not load {path} "
@@ -75,7 +88,10 @@ class Model:
         self.eos = int(L.llama_vocab_eos(self.vocab))
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
         self.n_ctx_train = int(L.llama_model_n_ctx_train(self._model))
-        self.can_rollback = not (L.llama_model_is_recurrent(self._model) or L.llama_model_is_hybrid(self._model))
+        self.recurrent = bool(L.llama_model_is_recurrent(self._model) or L.llama_model_is_hybrid(self._model))
+        self.n_embd = int(L.llama_model_n_embd(self._model))
+        # MTP (NextN) layers loaded with the model: self-speculation needs them
+        self.n_mtp_layers = int(L.llama_model_n_layer_nextn(self._model)) if load_mtp else 0
         self._piece_buf = ctypes.create_string_buffer(256)
         self._eog = np.array([bool(L.llama_vocab_is_eog(self.vocab, i)) for i in range(self.n_vocab)])
 
@@ -141,12 +157,25 @@ class ContextConfig:
     # exact numerics (tests): f32 KV cache and no flash attention, whose f16 accumulation
     # moves logits by ~1e-3 between batch shapes; with both, batch shapes move them < 1e-5
     f32_kv: bool = False
+    # hybrid/recurrent models: recurrent-state snapshots kept for rollback (the most tokens
+    # one rollback may drop; 0: checkpoints only)
+    n_rs_seq: int = 0
+
+
+class DecodeListener:
+    """Told about every decode and every truncation of a context (the MTP drafter feeds its
+    own context from the target's hidden states this way)."""
+
+    def decoded(self, ctx: "Context", tokens: Sequence[int], pos0: int) -> None: ...
+
+    def truncated(self, ctx: "Context", n_keep: int) -> None: ...
 
 
 class Context:
-    """One KV cache (sequence 0) on a model. ``tokens`` mirrors what the cache holds."""
+    """One KV cache (sequence 0) on a model. ``tokens`` mirrors what the cache holds.
+    ``ctx_type``/``other``: an MTP context over the same model, reading ``other``'s state."""
 
-    def __init__(self, model: Model, cfg: ContextConfig):
+    def __init__(self, model: Model, cfg: ContextConfig, ctx_type: int = 0, other: "Context | None" = None):
         self.model = model
         cp = L.llama_context_default_params()
         n_ctx = cfg.n_ctx if cfg.n_ctx > 0 else model.n_ctx_train
@@ -162,6 +191,11 @@ class Context:
             cp.type_k = L.GGML_TYPE_F32
             cp.type_v = L.GGML_TYPE_F32
             cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        recurrent = model.recurrent and ctx_type == L.LLAMA_CONTEXT_TYPE_DEFAULT  # an MTP context is attention
+        cp.n_rs_seq = cfg.n_rs_seq if recurrent else 0
+        cp.ctx_type = ctx_type
+        if other is not None:
+            cp.ctx_other = other._ctx
         self._ctx = L.llama_init_from_model(model._model, cp)
         if not self._ctx:
             raise SpecliError(f"llama.cpp could not create a context of {n_ctx} tokens for {model.path} "
@@ -173,11 +207,22 @@ class Context:
         self._batch = L.llama_batch_init(self.n_batch, 0, 1)
         self.tokens: list[int] = []
         self.n_decode_calls = 0
-        self.n_evaluated = 0
+        self.listeners: list[DecodeListener] = []
+        self._ebatch = None
+        # how a rollback works here: "kv" (attention only), "snapshots" or "checkpoints"
+        self.n_rs_seq = int(L.llama_n_rs_seq(self._ctx)) if recurrent else 0
+        self.rollback_kind = "kv" if not recurrent else ("snapshots" if self.n_rs_seq else "checkpoints")
+        self._checkpoint: tuple[int, ctypes.Array] | None = None  # (position, recurrent state)
+        self._cuttable = 0  # snapshots: how many tokens the next cut may drop (0 after a cut)
+        self.n_restored = 0  # rollbacks that restored a checkpoint (or decoded the prefix again)
+        self.n_replayed = 0  # tokens decoded again by those
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
             L.llama_batch_free(self._batch)
+            if self._ebatch is not None:
+                self._ebatch.token = ctypes.POINTER(L.llama_token)()
+                L.llama_batch_free(self._ebatch)
             L.llama_free(self._ctx)
             self._ctx = None
 
@@ -191,18 +236,19 @@ class Context:
     def n_past(self) -> int:
         return len(self.tokens)
 
-    def eval(self, tokens: Sequence[int], logits: str = "last") -> list[np.ndarray]:
+    def eval(self, tokens: Sequence[int], logits: str = "last", embd: np.ndarray | None = None) -> list[np.ndarray]:
         """Append ``tokens`` to the cache. ``logits``: "last" (one row, for the last token),
         "all" (a row per token) or "none". Rows are views into llama.cpp's buffer, valid
-        until the next call; copy what must outlive it."""
+        until the next call; copy what must outlive it. ``embd``: an (n, n_embd) row per token
+        passed along with it (an MTP context's input: the target's hidden state)."""
         n = len(tokens)
         if n == 0:
             return []
         if self.n_past + n > self.n_ctx:
-            raise SpecliError(f"context full: {self.n_past + n} tokens do not fit in --ctx {self.n_ctx}")
+            raise ContextFull(self.n_past + n, self.n_ctx)
         if logits == "all" and n > self.n_batch:
             raise ValueError("logits for every token need a block no larger than n_batch")
-        b = self._batch
+        b = self._batch if embd is None else self._embd_batch()
         start = 0
         while start < n:
             chunk = tokens[start:start + self.n_batch]
@@ -214,6 +260,9 @@ class Context:
                 b.n_seq_id[i] = 1
                 b.seq_id[i][0] = 0
                 b.logits[i] = logits == "all" or (logits == "last" and last_chunk and i == len(chunk) - 1)
+            if embd is not None:
+                rows = np.ctypeslib.as_array(b.embd, shape=(self.n_batch, self.model.n_embd))
+                rows[:len(chunk)] = embd[start:start + len(chunk)]
             b.n_tokens = len(chunk)
             rc = L.llama_decode(self._ctx, b)
             self.n_decode_calls += 1
@@ -222,40 +271,90 @@ class Context:
                 raise SpecliError(f"llama_decode failed with code {rc} at position {pos0}"
                                   + (" (KV cache full)" if rc == 1 else ""))
             self.tokens.extend(int(t) for t in chunk)
-            self.n_evaluated += len(chunk)
+            self._cuttable = min(self.n_rs_seq, len(chunk) - 1)
             start += len(chunk)
+            for lst in self.listeners:
+                lst.decoded(self, chunk, pos0)
         if logits == "none":
             return []
         idx = range(n) if logits == "all" else [-1]
         nv = self.model.n_vocab
         return [np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, i), shape=(nv,)) for i in idx]
 
+    def _embd_batch(self):
+        """A batch carrying token ids and embedding rows together. llama_batch_init allocates
+        either, so the token array is ours (detached again before llama_batch_free)."""
+        if self._ebatch is None:
+            self._ebatch = L.llama_batch_init(self.n_batch, self.model.n_embd, 1)
+            self._etokens = (L.llama_token * self.n_batch)()
+            self._ebatch.token = ctypes.cast(self._etokens, ctypes.POINTER(L.llama_token))
+        return self._ebatch
+
+    def mark(self, across_decodes: bool = False) -> None:
+        """Remember the state at the current position, so a rollback to here or later costs a
+        restore and a replay of the tokens after it. Only where rollback needs checkpoints:
+        snapshots cover a rollback within the last decode, so they need a mark only from a
+        caller that rolls back across several decodes (a draft model drafting token by token)."""
+        if self.rollback_kind == "kv" or (self.rollback_kind == "snapshots" and not across_decodes):
+            return
+        flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = int(L.llama_state_seq_get_size_ext(self._ctx, 0, flags))
+        buf = self._checkpoint[1] if self._checkpoint and len(self._checkpoint[1]) == size else (ctypes.c_uint8 * size)()
+        if int(L.llama_state_seq_get_data_ext(self._ctx, buf, size, 0, flags)) != size:
+            self._checkpoint = None
+            return
+        self._checkpoint = (self.n_past, buf)
+
     def rollback(self, n_keep: int) -> None:
         """Drop every cached token from position ``n_keep`` on."""
         if n_keep >= self.n_past:
             return
-        ok = L.llama_memory_seq_rm(self._mem, 0, n_keep, -1)
-        if not ok:
-            raise SpecliError(f"{os.path.basename(self.model.path)}: this model's memory cannot drop a partial "
-                              "sequence (recurrent or hybrid architecture); run it with --draft none")
-        del self.tokens[n_keep:]
+        can_cut = self.rollback_kind == "kv" or (self.rollback_kind == "snapshots"
+                                                  and self.n_past - n_keep <= self._cuttable)
+        if can_cut and L.llama_memory_seq_rm(self._mem, 0, n_keep, -1):
+            del self.tokens[n_keep:]
+            self._cuttable = 0
+        else:
+            self._restore(n_keep)
+        for lst in self.listeners:
+            lst.truncated(self, n_keep)
+
+    def _restore(self, n_keep: int) -> None:
+        """Rollback where the memory cannot drop a partial sequence: back to the checkpoint
+        (or to nothing), then decode the kept tokens after it again."""
+        keep = self.tokens[:n_keep]
+        pos = 0
+        if self._checkpoint and self._checkpoint[0] <= n_keep:
+            pos, buf = self._checkpoint
+            restored = L.llama_state_seq_set_data_ext(self._ctx, buf, len(buf), 0, L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+            if not restored or not L.llama_memory_seq_rm(self._mem, 0, pos, -1):
+                pos = 0
+        if pos == 0:
+            L.llama_memory_clear(self._mem, True)
+            self._checkpoint = None
+        self._cuttable = 0
+        del self.tokens[pos:]
+        self.n_restored += 1
+        replay = keep[pos:]
+        self.n_replayed += len(replay)
+        self.eval(replay, "none")
 
     def repair(self) -> None:
         """Drop cache entries past the tokens this object knows of (after an interrupt
         between llama_decode and the bookkeeping)."""
-        L.llama_memory_seq_rm(self._mem, 0, len(self.tokens), -1)
+        if self.rollback_kind != "kv" or not L.llama_memory_seq_rm(self._mem, 0, len(self.tokens), -1):
+            self._restore(len(self.tokens))
 
     def clear(self) -> None:
         L.llama_memory_clear(self._mem, True)
         self.tokens.clear()
+        self._checkpoint = None
+        for lst in self.listeners:
+            lst.truncated(self, 0)
 
     def sync(self, tokens: Sequence[int]) -> int:
         """Make the cache hold a prefix of ``tokens`` that leaves at least the last token
         un-evaluated; return the number of cached tokens kept (the common prefix)."""
-        n = 0
-        limit = min(len(self.tokens), len(tokens) - 1)
-        cached = self.tokens
-        while n < limit and cached[n] == tokens[n]:
-            n += 1
+        n = common_prefix(self.tokens, tokens, len(tokens) - 1)
         self.rollback(n)
         return n

@@ -8,8 +8,8 @@ import datetime
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .engine import Model
-from .errors import SpecliError
+from specli.engine import Model
+from specli.errors import NoChatTemplate
 
 
 def _raise(msg):
@@ -26,13 +26,13 @@ def render_chat(template: str, messages: list[dict], bos: str = "", eos: str = "
             messages=messages, add_generation_prompt=add_generation_prompt,
             bos_token=bos, eos_token=eos)
     except TemplateError as e:
-        raise SpecliError(f"the model's chat template failed: {e}; use --raw") from None
+        raise NoChatTemplate("the model", str(e)) from None
 
 
 def chat_text(model: Model, messages: list[dict], add_generation_prompt: bool = True) -> str:
     tmpl = model.chat_template()
     if not tmpl:
-        raise SpecliError(f"{model.name} has no chat template; use --raw")
+        raise NoChatTemplate(model.name)
     return render_chat(tmpl, messages, model.detokenize([model.bos], special=True) if model.bos >= 0 else "",
                        model.detokenize([model.eos], special=True) if model.eos >= 0 else "",
                        add_generation_prompt)

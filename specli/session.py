@@ -5,40 +5,44 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable
 
-from . import calibrate, compat, hub, models
-from . import profile as profiles
-from .controller import Controller, CostModel
-from .decode import Chunk, Stats, check_prompt_fits, generate
-from .drafters import AdaptiveDrafter, Drafter, LookupDrafter, ModelDrafter, NoDrafter
-from .engine import Context, ContextConfig, Model
-from .errors import SpecliError
-from .gguf_meta import read_gguf, vocab_from_header
-from .hardware import Hardware, detect
-from .plan import Plan, make_plan, memory_from_header
-from .profile import ModelSpec, Profile
-from .prompt import build_prompt
-from .verify import SamplingParams
+from specli.engine import Context, ContextConfig, Model
+from specli.errors import SpecliError
+from specli.hardware import calibrate
+from specli.hardware.devices import Hardware, detect
+from specli.hardware.plan import Plan, make_plan, memory_from_header
+from specli.prompt import build_prompt
+from specli.resolve import hub, models, profiles, vocab
+from specli.resolve.gguf_header import read_gguf, vocab_from_header
+from specli.resolve.profiles import ModelSpec, Profile
+from specli.speculate.adaptive import AdaptiveDrafter
+from specli.speculate.controller import Controller, CostModel
+from specli.speculate.drafters import (
+    Drafter,
+    LookupDrafter,
+    ModelDrafter,
+    NoDrafter,
+)
+from specli.speculate.loop import Response, Stats, check_prompt_fits, generate
+from specli.speculate.mtp import MTPDrafter
+from specli.speculate.settings import SpecSettings
+from specli.speculate.verify import SamplingParams
 
 
 @dataclass
 class Options:
     target: str | None = None
-    draft: str = "none"
+    draft: str = "auto"  # a model reference, "lookup", "auto" or "none"
     profile: str | None = None
     n_ctx: int = 4096
     threads: int | None = None
     gpu_layers: int | None = None  # None: the hardware plan decides
     draft_gpu_layers: int | None = None
     vram: str | None = None  # overrides the detected GPU budget (--vram / SPECLI_VRAM)
-    draft_max: int = 16
-    draft_p_min: float = 0.6
-    adaptive: bool = True  # cost-aware controller; False: always draft up to draft_max
-    hybrid: bool = True  # with a draft model, also use prompt lookup when the context repeats
-    lookup_ngram: tuple[int, int] = (1, 8)
-    lookup_min_match: int = 2
+    spec: SpecSettings = field(default_factory=SpecSettings)
     f32_kv: bool = False
+    drafter: str = ""  # what --draft resolved to: none, lookup, model or mtp (set by choose_models)
     given: set[str] = field(default_factory=set)  # options the user typed: a profile does not override them
     notes: list[str] = field(default_factory=list)  # one-line decisions for stderr
 
@@ -50,9 +54,10 @@ def plan_for(opts: Options, target_path: str, draft_path: str | None) -> tuple[P
     n_ctx_train = int(th.arch_key("context_length", 4096) or 4096)
     n_ctx = min(opts.n_ctx, n_ctx_train) if opts.n_ctx > 0 else n_ctx_train
     hw = detect(opts.vram)
-    wants = "none" if opts.draft == "none" else ("model" if draft_path else "lookup")
+    wants = "none" if opts.draft == "none" else ("model" if draft_path else
+                                                 "mtp" if opts.drafter == "mtp" else "lookup")
     pays = bool(draft_path) and calibrate.draft_on_cpu_pays(
-        target_path, draft_path, opts.threads or os.cpu_count() or 1, min(512, n_ctx), opts.draft_max)
+        target_path, draft_path, opts.threads or os.cpu_count() or 1, min(512, n_ctx), opts.spec.draft_max)
     plan = make_plan(memory_from_header(th, name="target"), memory_from_header(dh, name="draft") if dh else None,
                      hw.budget, n_ctx, hw.can_offload or hw.budget_source != "detected", bool(pays),
                      wants_draft=wants)
@@ -65,7 +70,8 @@ def apply_profile_defaults(opts: Options, prof: Profile | None) -> None:
         return
     for key, attr in profiles.DEFAULTS.items():
         if key in prof.defaults and key not in opts.given:
-            setattr(opts, attr, type(getattr(opts, attr))(prof.defaults[key]))
+            obj, name = (opts.spec, attr[5:]) if attr.startswith("spec.") else (opts, attr)
+            setattr(obj, name, type(getattr(obj, name))(prof.defaults[key]))
 
 
 def choose_models(opts: Options, progress: Callable[[str], None] | None = None
@@ -83,23 +89,52 @@ def choose_models(opts: Options, progress: Callable[[str], None] | None = None
             prof, opts.target = named, None
     tspec = prof.target if prof and not opts.target else ModelSpec((opts.target,))
     dspec: ModelSpec | None = None
+    opts.drafter = opts.draft if opts.draft in ("none", "lookup", "mtp") else "model"
     if opts.draft == "auto":
         local = opts.target if opts.target and os.path.exists(os.path.expanduser(opts.target)) else None
         prof = prof or (profiles.for_target(opts.target, local) if opts.target else None)
-        if prof and prof.drafts:
-            dspec = prof.drafts[0]
-            notes.append(f"--draft auto: {dspec.ref} (profile {prof.name}), hybrid with prompt lookup")
-        else:
-            dspec = _search_draft(tspec, notes)
+        opts.drafter, dspec = _auto_draft(tspec, prof, notes)
+    elif opts.draft == "mtp":
+        th = models.header_of_spec(tspec)
+        if not th.mtp_usable:
+            raise SpecliError(_no_mtp(tspec.ref, th))
     elif opts.draft not in ("none", "lookup"):
         dspec = ModelSpec((opts.draft,))
     if dspec is not None:
         th, dh = models.header_of_spec(tspec), models.header_of_spec(dspec)
-        compat.ensure_compatible(vocab_from_header(th), vocab_from_header(dh))
+        vocab.ensure_compatible(vocab_from_header(th), vocab_from_header(dh))
     tpath = models.resolve_spec(tspec, progress, notes)
     dpath = models.resolve_spec(dspec, progress, notes) if dspec else None
     apply_profile_defaults(opts, prof)
     return tpath, dpath, prof
+
+
+def _no_mtp(ref: str, th) -> str:
+    if th.mtp_layers and not th.mtp_usable:
+        return f"{ref}: this llama.cpp has no MTP graph for architecture '{th.architecture}'"
+    return (f"{ref} has no MTP layers ({th.architecture}.nextn_predict_layers is absent: "
+            "converted without its MTP block)")
+
+
+def _auto_draft(tspec: ModelSpec, prof: Profile | None, notes: list[str]) -> tuple[str, ModelSpec | None]:
+    """``--draft auto``: the target's own MTP layers when it has them, then a compatible draft
+    model (the profile's, else the smallest compatible GGUF of its family on the Hub), then
+    prompt lookup. Each choice is one line on stderr."""
+    th = models.header_of_spec(tspec)
+    if th.mtp_usable:
+        notes.append(f"--draft auto: the target's own MTP layers ({th.mtp_layers}), with prompt lookup")
+        return "mtp", None
+    if th.mtp_layers or (prof and prof.wants_mtp):
+        notes.append(f"note: {_no_mtp(os.path.basename(tspec.ref), th)}; looking for a draft model instead")
+    if prof and prof.draft_models:
+        dspec = prof.draft_models[0]
+        notes.append(f"--draft auto: {dspec.ref} (profile {prof.name}), hybrid with prompt lookup")
+        return "model", dspec
+    if prof and prof.drafts:  # the profile asks for lookup (or for MTP the file lacks)
+        notes.append(f"--draft auto: prompt lookup (profile {prof.name})")
+        return "lookup", None
+    dspec = _search_draft(tspec, notes)
+    return ("model" if dspec else "lookup"), dspec
 
 
 def _search_draft(tspec: ModelSpec, notes: list[str]) -> ModelSpec | None:
@@ -117,7 +152,7 @@ def _search_draft(tspec: ModelSpec, notes: list[str]) -> ModelSpec | None:
                 dh = hub.header(cand)
             except SpecliError:
                 continue
-            if compat.mismatch_message(compat.check_vocab(vocab_from_header(th), vocab_from_header(dh))) is None:
+            if vocab.mismatch_message(vocab.check_vocab(vocab_from_header(th), vocab_from_header(dh))) is None:
                 notes.append(f"--draft auto: {cand} (smallest compatible {hub.family_of(h.repo)} GGUF on the Hub, "
                              "tokenizer checked from its header), hybrid with prompt lookup")
                 return ModelSpec((str(cand),))
@@ -129,7 +164,12 @@ def _search_draft(tspec: ModelSpec, notes: list[str]) -> ModelSpec | None:
 
 
 class Session:
-    def __init__(self, opts: Options, progress: Callable[[str], None] | None = None):
+    """The one construction path every command goes through: the profile's defaults, the
+    models (tokenizers checked from the headers first), the hardware plan, the target's
+    context, and the drafters, built the same way for ``run``, ``chat``, ``bench`` and
+    ``serve``."""
+
+    def __init__(self, opts: Options, progress: Callable[[str], None] | None = None, build_drafter: bool = True):
         self.opts = opts
         target_path, draft_path, self.profile = choose_models(opts, progress)
         self.plan, self.hardware, _ = plan_for(opts, target_path, draft_path)
@@ -137,40 +177,106 @@ class Session:
             opts.notes.append(self.plan.summary)
         if draft_path and self.plan.draft == "lookup":
             draft_path = None  # the GPU cannot hold both: the plan falls back to prompt lookup
-        gpu_layers = self.plan.target_gpu_layers if opts.gpu_layers is None else opts.gpu_layers
-        if opts.draft_gpu_layers is None:
-            opts.draft_gpu_layers = self.plan.draft_gpu_layers if opts.gpu_layers is None else opts.gpu_layers
-        self.target = Model(target_path, n_gpu_layers=gpu_layers)
+        self.draft_path = draft_path
+        self.target_gpu_layers = self.plan.target_gpu_layers if opts.gpu_layers is None else opts.gpu_layers
+        if opts.draft_gpu_layers is not None:
+            self.draft_gpu_layers = opts.draft_gpu_layers
+        else:
+            self.draft_gpu_layers = self.plan.draft_gpu_layers if opts.gpu_layers is None else opts.gpu_layers
+        self.target = Model(target_path, n_gpu_layers=self.target_gpu_layers, load_mtp=opts.drafter == "mtp")
         n_ctx = min(opts.n_ctx, self.target.n_ctx_train) if opts.n_ctx > 0 else self.target.n_ctx_train
-        self.cfg = ContextConfig(n_ctx=n_ctx, n_threads=opts.threads, f32_kv=opts.f32_kv)
+        # hybrid/recurrent targets keep draft_max recurrent-state snapshots where llama.cpp can
+        self.cfg = ContextConfig(n_ctx=n_ctx, n_threads=opts.threads, f32_kv=opts.f32_kv,
+                                 n_rs_seq=opts.spec.draft_max)
         self.ctx = Context(self.target, self.cfg)
+        if self.target.recurrent and opts.draft != "none":
+            how = (f"recurrent-state snapshots ({self.ctx.n_rs_seq})" if self.ctx.rollback_kind == "snapshots"
+                   else "state checkpoints")
+            opts.notes.append(f"{self.target.name} is a hybrid/recurrent model: rejected drafts roll back by {how}")
         self.draft_model: Model | None = None
-        self.drafter = self._make_drafter(draft_path)
+        self._model_drafter: ModelDrafter | None = None
+        self._mtp: MTPDrafter | None = None
+        self._verify_costs: list[float] | None = None
+        # bench makes its own drafters, one per mode and run
+        self.drafter = self.drafter_for(self.default_mode()) if build_drafter else NoDrafter()
 
-    def _make_drafter(self, draft_path: str | None) -> Drafter:
-        o = self.opts
-        if o.draft != "none" and not self.target.can_rollback:
-            o.notes.append(f"{self.target.name} is a recurrent/hybrid model whose cache cannot drop "
-                           "rejected tokens: speculation is off, decoding plainly")
-            return NoDrafter()
-        if o.draft == "none" or o.draft_max == 0:
-            return NoDrafter()
-        model = None
-        if draft_path:
-            self.draft_model = Model(draft_path, n_gpu_layers=o.draft_gpu_layers or 0)
+    # -- drafters -------------------------------------------------------------------------
+    def default_mode(self) -> str:
+        """The drafter the options ask for: none, lookup, model, hybrid, mtp, mtp-lookup
+        (+ "-fixed": always draft_max, no controller, no lookup)."""
+        o, s = self.opts, self.opts.spec
+        if o.draft == "none" or s.draft_max == 0:
+            return "none"
+        if self.target.n_mtp_layers:
+            kind = "mtp-lookup" if s.hybrid else "mtp"
+        else:
+            kind = ("hybrid" if s.hybrid else "model") if self.draft_path else "lookup"
+        if s.adaptive:
+            return kind
+        return {"hybrid": "model", "mtp-lookup": "mtp"}.get(kind, kind) + "-fixed"
+
+    def modes(self) -> list[str]:
+        """Every drafter mode this session can build (bench compares them)."""
+        out = ["none", "lookup", "lookup-fixed"]
+        if self.target.n_mtp_layers:
+            out += ["mtp", "mtp-lookup", "mtp-fixed"]
+        return out + (["model", "hybrid", "model-fixed"] if self.draft_path else [])
+
+    def mtp_drafter(self) -> MTPDrafter:
+        """The target's own MTP layers as a drafter, made on first use and shared."""
+        if self._mtp is None:
+            self._mtp = MTPDrafter(self.ctx, self.cfg, p_min=self.opts.spec.draft_p_min)
+            self._verify_costs = None  # feeding the MTP context is part of every target pass now
+        return self._mtp
+
+    def model_drafter(self) -> ModelDrafter:
+        """The draft model's drafter, loaded on first use and shared by every mode."""
+        if self._model_drafter is None:
+            if not self.draft_path:
+                raise SpecliError("no draft model: name one with --draft REF")
+            self.draft_model = Model(self.draft_path, n_gpu_layers=self.draft_gpu_layers or 0)
             # the loaded vocabularies are what llama.cpp will actually use: check them too
-            compat.ensure_compatible(self.target.vocab_info(), self.draft_model.vocab_info())
-            model = ModelDrafter(self.draft_model, self.cfg, p_min=o.draft_p_min if not o.adaptive else 0.0)
-        lookup = None
-        if model is None or o.hybrid:
-            lookup = LookupDrafter(*o.lookup_ngram, min_match=o.lookup_min_match)
-        if not o.adaptive:
-            return model or lookup
-        verify = calibrate.verify_costs(self.ctx, o.draft_max)
-        dcost = calibrate.draft_token_cost(model.ctx) if model else 0.0
-        ctl = Controller(CostModel(verify, dcost), k_max=o.draft_max)
-        return AdaptiveDrafter(ctl, lookup, model)
+            vocab.ensure_compatible(self.target.vocab_info(), self.draft_model.vocab_info())
+            self._model_drafter = ModelDrafter(self.draft_model, self.cfg, p_min=self.opts.spec.draft_p_min)
+        return self._model_drafter
 
+    def verify_costs(self) -> list[float]:
+        """The target's verify cost curve on this machine (calibrated once, cached)."""
+        if self._verify_costs is None:
+            self._verify_costs = calibrate.verify_costs(self.ctx, self.opts.spec.draft_max)
+        return list(self._verify_costs)
+
+    def drafter_for(self, mode: str) -> Drafter:
+        """A fresh drafter of this mode over the session's models (bench makes one per run)."""
+        s = self.opts.spec
+        if mode == "none":
+            return NoDrafter()
+        kind, fixed = mode.removesuffix("-fixed"), mode.endswith("-fixed")
+        lookup = (LookupDrafter(*s.lookup_ngram, min_match=s.lookup_min_match)
+                  if kind in ("lookup", "hybrid", "mtp-lookup") else None)
+        model: ModelDrafter | MTPDrafter | None = None
+        if kind in ("model", "hybrid"):
+            model = self.model_drafter()
+        elif kind in ("mtp", "mtp-lookup"):
+            model = self.mtp_drafter()
+        if fixed:
+            return lookup or model
+        if isinstance(model, MTPDrafter):
+            dcost = calibrate.cached_cost("mtp", self.ctx, model.token_cost)
+        else:
+            dcost = calibrate.draft_token_cost(model.ctx) if model else 0.0
+        return AdaptiveDrafter(Controller(CostModel(self.verify_costs(), dcost), k_max=s.draft_max), lookup, model)
+
+    def placement(self) -> dict:
+        """Where each model runs, for reports."""
+        return {"backends": list(self.hardware.backends), "gpu_offload": self.hardware.can_offload,
+                "devices": [d.name for d in self.hardware.devices],
+                "budget": self.hardware.budget, "budget_source": self.hardware.budget_source,
+                "target_gpu_layers": self.target_gpu_layers,
+                "draft_gpu_layers": self.draft_gpu_layers if self.draft_path else None,
+                "plan": self.plan.branch, "drafter": self.plan.draft}
+
+    # -- generation -----------------------------------------------------------------------
     def prompt_tokens(self, text: str, chat: bool | None = None, system: str | None = None) -> list[int]:
         if chat is None:
             chat = self.target.chat_template() is not None
@@ -181,8 +287,8 @@ class Session:
         return toks
 
     def generate(self, prompt: list[int], params: SamplingParams, max_tokens: int,
-                 stats: Stats | None = None) -> Iterator[Chunk]:
-        return generate(self.ctx, prompt, self.drafter, params, max_tokens, self.opts.draft_max, stats)
+                 drafter: Drafter | None = None) -> Response:
+        return generate(self.ctx, prompt, drafter or self.drafter, params, max_tokens, self.opts.spec.draft_max)
 
     def plain_rate_estimate(self) -> float | None:
         """Tokens/s plain decoding would have reached here: the controller's measured cost of a
@@ -200,6 +306,9 @@ class Session:
 
     def close(self) -> None:
         self.drafter.close()
+        for shared in (self._model_drafter, self._mtp):
+            if shared:
+                shared.close()
         self.ctx.close()
         self.target.close()
         if self.draft_model:

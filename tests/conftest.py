@@ -6,8 +6,9 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from specli import wheels  # noqa: E402
 from tinymodels import tiny_model  # noqa: E402
+
+from specli.resolve import wheels  # noqa: E402
 
 TEST_CACHE = Path(os.environ.get("SPECLI_TEST_CACHE", "~/.cache/specli/test-models")).expanduser()
 

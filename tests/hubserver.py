@@ -1,6 +1,8 @@
 """A local HTTP server on 127.0.0.1 that answers the Hugging Face Hub's model-info, tree,
-search and file (resolve) requests, with HEAD, range requests, ETags, gating and a switch that
-cuts a download mid-file, so the real huggingface-hub client is what the tests exercise."""
+search and file (resolve) requests, with HEAD, range requests, ETags (the content's SHA-256, as
+the Hub gives for LFS files), revisions, gating, a switch that cuts a download mid-file and one
+that holds it there until released, so the real huggingface-hub client is what the tests
+exercise."""
 
 from __future__ import annotations
 
@@ -19,6 +21,13 @@ class Repo:
     gated_token: str | None = None  # requests need "Authorization: Bearer <token>"
     sha: str = "0123456789abcdef0123456789abcdef01234567"
     tags: tuple[str, ...] = ("gguf",)
+    revisions: dict[str, Repo] = field(default_factory=dict)  # branch or tag -> its files and commit
+
+    def at(self, rev: str | None) -> Repo:
+        for name, r in self.revisions.items():
+            if rev in (name, r.sha):
+                return r
+        return self
 
 
 @dataclass
@@ -27,12 +36,18 @@ class HubState:
     cut_once: dict[str, int] = field(default_factory=dict)  # path -> bytes to send before dropping
     served: dict[str, int] = field(default_factory=dict)  # path -> bytes of file content sent
     requests: list[str] = field(default_factory=list)
+    pause_at: dict[str, int] = field(default_factory=dict)  # path -> bytes to send, then hold until release
+    paused: threading.Event = field(default_factory=threading.Event)  # set when a download is held
+    release: threading.Event = field(default_factory=threading.Event)
     _etags: dict[str, str] = field(default_factory=dict)
 
     def etag(self, path: str) -> str:
         if path not in self._etags:
-            st = os.stat(path)
-            self._etags[path] = hashlib.sha256(f"{path}:{st.st_size}:{st.st_mtime}".encode()).hexdigest()
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+            self._etags[path] = h.hexdigest()
         return self._etags[path]
 
 
@@ -87,6 +102,8 @@ def _handler(state: HubState):
                 if repo is None:
                     return
                 rest = parts[4:]
+                if len(rest) >= 2 and rest[0] in ("revision", "tree"):
+                    repo = repo.at(rest[1])
                 if not rest or rest[0] == "revision":
                     sib = [{"rfilename": f, "size": os.path.getsize(p)} for f, p in repo.files.items()]
                     return self._json(200, {"id": rid, "modelId": rid, "sha": repo.sha, "siblings": sib,
@@ -115,6 +132,7 @@ def _handler(state: HubState):
                 repo = self._repo(rid)
                 if repo is None:
                     return
+                repo = repo.at(parts[3])
                 fname = "/".join(parts[4:])
                 local = repo.files.get(fname)
                 if local is None:
@@ -151,6 +169,7 @@ def _handler(state: HubState):
             if self.command == "HEAD":
                 return
             cut = state.cut_once.pop(fname, None)
+            hold = state.pause_at.pop(fname, None)
             sent = 0
             with open(local, "rb") as f:
                 f.seek(start)
@@ -159,6 +178,8 @@ def _handler(state: HubState):
                     n = min(left, 1 << 20)
                     if cut is not None and sent + n > cut:
                         n = cut - sent
+                    if hold is not None and sent < hold < sent + n:
+                        n = hold - sent
                     chunk = f.read(n)
                     if not chunk:
                         break
@@ -169,6 +190,11 @@ def _handler(state: HubState):
                     sent += len(chunk)
                     left -= len(chunk)
                     state.served[fname] = state.served.get(fname, 0) + len(chunk)
+                    if hold is not None and sent >= hold:
+                        hold = None
+                        self.wfile.flush()
+                        state.paused.set()
+                        state.release.wait()
                     if cut is not None and sent >= cut:
                         self.close_connection = True
                         self.wfile.flush()
@@ -178,12 +204,15 @@ def _handler(state: HubState):
     return H
 
 
-class HubServer:
-    def __init__(self, state: HubState):
+class LocalServer:
+    """A threaded HTTP server on 127.0.0.1 for one test; ``state.release`` is set on exit so a
+    held download never outlives it."""
+
+    def __init__(self, state, handler, path: str = ""):
         self.state = state
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}{path}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     def __enter__(self):
@@ -191,5 +220,11 @@ class HubServer:
         return self
 
     def __exit__(self, *exc):
+        self.state.release.set()
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+class HubServer(LocalServer):
+    def __init__(self, state: HubState):
+        super().__init__(state, _handler(state))

@@ -3,19 +3,28 @@
 import json
 
 import pytest
-
-import specli.decode as decode_mod
 from clihelp import specli
-from specli.bench import run_bench, schedule
-from specli.suite import Suite, SuitePrompt, load_suite, parse_suite
+
+import specli.speculate.verify as verify_mod
 from specli.errors import SpecliError
+from specli.measure.bench import run_bench, schedule
+from specli.measure.suite import Suite, SuitePrompt, load_suite, parse_suite
+from specli.session import Options, Session
 
 SUITE = Suite("mini", "", [SuitePrompt("a", "Once upon a time"), SuitePrompt("b", "def fibonacci(n):"),
                            SuitePrompt("c", "The capital of France is")])
 
 
+def bench(target, draft, modes, **kw):
+    sess = Session(Options(target=target, draft=draft), build_drafter=False)
+    try:
+        return run_bench(sess, SUITE, modes, **kw)
+    finally:
+        sess.close()
+
+
 def test_report_is_consistent(tiny_target, tiny_draft):
-    rep = run_bench(tiny_target, tiny_draft, SUITE, ["plain", "lookup", "model", "hybrid", "model-fixed"],
+    rep = bench(tiny_target, tiny_draft, ["plain", "lookup", "model", "hybrid", "model-fixed"],
                     max_tokens=24, chat=False).to_dict()
     modes = rep["modes"]
     assert list(modes) == ["plain", "lookup", "model", "hybrid", "model-fixed"]
@@ -36,14 +45,14 @@ def test_the_lossless_check_catches_a_broken_verifier(tiny_target, tiny_draft_un
     def accept_everything(draft, target_argmax):
         return len(draft), int(target_argmax[len(draft)])
 
-    monkeypatch.setattr(decode_mod, "greedy_accept", accept_everything)
-    rep = run_bench(tiny_target, tiny_draft_unrelated, SUITE, ["plain", "model-fixed"], max_tokens=24, chat=False)
+    monkeypatch.setattr(verify_mod, "greedy_accept", accept_everything)
+    rep = bench(tiny_target, tiny_draft_unrelated, ["plain", "model-fixed"], max_tokens=24, chat=False)
     verdicts = rep.results["model-fixed"].lossless
     assert any(v != "identical" for v in verdicts.values())
     assert all("NOT a near-tie: likely a bug" in v for v in verdicts.values()), verdicts
     # and the same run with the real verifier is identical
     monkeypatch.undo()
-    rep = run_bench(tiny_target, tiny_draft_unrelated, SUITE, ["plain", "model-fixed"], max_tokens=24, chat=False)
+    rep = bench(tiny_target, tiny_draft_unrelated, ["plain", "model-fixed"], max_tokens=24, chat=False)
     assert set(rep.results["model-fixed"].lossless.values()) == {"identical"}
 
 

@@ -5,9 +5,9 @@ import json
 import pytest
 
 import specli.engine as engine
-from specli import calibrate
 from specli.engine import Context, ContextConfig, Model
 from specli.errors import SpecliError
+from specli.hardware import calibrate
 
 
 @pytest.fixture()
@@ -55,8 +55,8 @@ def test_rollback_refused_by_the_model_memory(tiny_target, monkeypatch):
 
 
 def test_recurrent_models_decode_plainly_and_say_so(tiny_target, tiny_draft, monkeypatch):
-    from specli.drafters import NoDrafter
     from specli.session import Options, Session
+    from specli.speculate.drafters import NoDrafter
 
     monkeypatch.setattr(engine.L, "llama_model_is_recurrent", lambda model: True)
     sess = Session(Options(target=tiny_target, draft=tiny_draft))
@@ -79,8 +79,8 @@ def test_draft_on_cpu_pays_only_from_measurements(cache, tiny_target, tiny_draft
 
 
 def test_a_run_slower_than_plain_says_so(cache, tiny_target):
-    from specli.decode import Stats
     from specli.session import Options, Session
+    from specli.speculate.loop import Stats
 
     sess = Session(Options(target=tiny_target, draft="lookup"))
     sess.drafter.ctl.cost.verify[0] = 0.001  # plain decoding measured at 1000 tok/s

@@ -4,7 +4,6 @@ import json
 import os
 
 import pytest
-
 from clihelp import specli
 
 GREEDY = ["--raw", "--max-tokens", "40", "--temp", "0"]
@@ -45,7 +44,7 @@ def test_adaptive_turns_off_a_draft_that_cannot_pay(tmp_path, tiny_target, tiny_
     """A draft measured as slow as 1 s a token can never pay: the controller decodes plainly
     (and never probes it), and the output is still the target's own. The measurement is
     seeded into the calibration cache so the test does not depend on this machine's timing."""
-    from specli import calibrate
+    from specli.hardware import calibrate
     env = dict(os.environ, SPECLI_CACHE=str(tmp_path / "specli"))
     threads = os.cpu_count() or 1
     cache = {"version": calibrate.CALIBRATION_VERSION,

@@ -1,8 +1,8 @@
 import pytest
 
-from specli.compat import check_vocab, ensure_compatible, mismatch_message
 from specli.errors import TokenizerMismatch
-from specli.gguf_meta import VocabInfo, read_gguf, vocab_from_header
+from specli.resolve.gguf_header import VocabInfo, read_gguf, vocab_from_header
+from specli.resolve.vocab import check_vocab, ensure_compatible, mismatch_message
 
 
 def vocab(**kw):

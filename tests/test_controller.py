@@ -1,12 +1,22 @@
 """The cost-aware controller on synthetic cost curves and acceptance sequences."""
 
 import pytest
-
-from specli.controller import (Acceptance, Controller, CostModel, best_length, expected_accepted,
-                               lookup_key, marginal_token_pays, step_rate)
-from specli.drafters import AdaptiveDrafter, Draft, LookupDrafter
-
 from curves import VM_CURVE
+
+from specli.speculate.adaptive import AdaptiveDrafter
+from specli.speculate.controller import (
+    Acceptance,
+    Controller,
+    CostModel,
+    best_length,
+    expected_accepted,
+    lookup_key,
+    marginal_token_pays,
+    step_rate,
+)
+from specli.speculate.drafters import MODEL, NONE, Draft, LookupDrafter, Source
+
+L2, L4, L16 = Source("lookup", 2), Source("lookup", 4), Source("lookup", 16)
 
 # the 1.5B target on a 2-core CPU: verifying k+1 tokens costs this many single-token passes
 CPU_CURVE = [1.0, 1.5, 2.0, 2.2, 2.6, 3.0, 3.1, 4.0, 4.8]
@@ -90,7 +100,7 @@ def test_controller_turns_a_losing_drafter_off_and_probes_it_less_and_less():
     ctl = Controller(CostModel(curve(CPU_CURVE), draft_token=0.1 * T), k_max=8, probe_every=5)
     steps = []
     for i in range(200):
-        d = ctl.decide({"model": 8})
+        d = ctl.decide({MODEL: 8})
         ctl.observe(d.source, d.k, 0)  # every draft rejected
         steps.append(d)
     probes = [i for i, d in enumerate(steps) if d.probe]
@@ -100,44 +110,44 @@ def test_controller_turns_a_losing_drafter_off_and_probes_it_less_and_less():
     assert ctl.plain_steps > 180
     # drafts become good: the probe results turn speculation back on
     for _ in range(20):
-        ctl.observe("model", 2, 2)
-    assert ctl.decide({"model": 8}).k > 0
+        ctl.observe(MODEL, 2, 2)
+    assert ctl.decide({MODEL: 8}).k > 0
 
 
 def test_a_drafter_too_slow_to_ever_pay_is_never_probed():
     # 0.75 of a target token per draft token, on the CPU curve: even perfect drafts lose
     ctl = Controller(CostModel(curve(CPU_CURVE), draft_token=0.75 * T), k_max=8, probe_every=4)
-    assert not any(ctl.decide({"model": 8}).k for _ in range(100))
+    assert not any(ctl.decide({MODEL: 8}).k for _ in range(100))
     assert ctl.probes == 0 and ctl.plain_steps == 100
 
 
 def test_controller_prefers_the_free_lookup_on_repeated_text():
     ctl = Controller(CostModel(curve(CPU_CURVE), draft_token=0.4 * T), k_max=8)
     for _ in range(10):
-        ctl.observe("lookup:4", 6, 6)
-        ctl.observe("model", 4, 2)
-    d = ctl.decide({"lookup:4": 6, "model": 8})
-    assert d.source == "lookup:4" and d.k >= 2
+        ctl.observe(L4, 6, 6)
+        ctl.observe(MODEL, 4, 2)
+    d = ctl.decide({L4: 6, MODEL: 8})
+    assert d.source == L4 and d.k >= 2
     # no match this step: only the model is a candidate
-    assert ctl.decide({"model": 8}).source in ("model", "none")
+    assert ctl.decide({MODEL: 8}).source in (MODEL, NONE)
 
 
 def test_hybrid_drafter_copies_from_a_repeated_context():
     ctl = Controller(CostModel(curve(CPU_CURVE)), k_max=8)
     for _ in range(5):
-        ctl.observe("lookup:4", 8, 8)
+        ctl.observe(L4, 8, 8)
     h = AdaptiveDrafter(ctl, lookup=LookupDrafter())
     text = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 99, 11, 12, 13, 14]
     d = h.propose(text, 8)
-    assert d.source == "lookup:4" and d.tokens[:3] == [15, 16, 17] and d.confidence[0] == 4
+    assert d.source == L4 and d.tokens[:3] == [15, 16, 17] and d.confidence[0] == 4
     # shadow accounting: where verification is too dear to draft at all, the lookup proposal
     # is still scored against what the target emitted
     ctl2 = Controller(CostModel([T] + [100 * T] * 8), k_max=8)
     h2 = AdaptiveDrafter(ctl2, lookup=LookupDrafter())
     assert h2.propose(text, 8).tokens == []
-    key = h2.last and "lookup:4"
+    key = h2.last and L4
     before = ctl2.acceptance(key).f_n
-    h2.observe(Draft([], "none"), 0, [15], 0.0, T)  # the target emitted 15, as lookup proposed
+    h2.observe(Draft([]), 0, [15], 0.0, T)  # the target emitted 15, as lookup proposed
     a = ctl2.acceptance(key)
     assert a.f_n == pytest.approx(before * a.decay + 1) and a.alpha_first > 0.6  # up from the 0.4 prior
 
@@ -158,30 +168,30 @@ def test_blocks_seen_slower_than_calibrated_make_unseen_ones_dearer_too():
 
 
 def test_lookup_acceptance_is_learned_per_match_length():
-    assert [lookup_key(n) for n in (2, 3, 4, 7, 8, 15, 16, 40)] == [
+    assert [str(lookup_key(n)) for n in (2, 3, 4, 7, 8, 15, 16, 40)] == [
         "lookup:2", "lookup:2", "lookup:4", "lookup:4", "lookup:8", "lookup:8", "lookup:16", "lookup:16"]
     # on the CPU curve of this project's VM (blocks of 16 cost about 8 tokens): a copy that has
     # matched for 16+ tokens and has kept going earns a long draft, while short matches that
     # break half the time on the same controller draft little or nothing
     ctl = Controller(CostModel(curve(VM_CURVE)), k_max=16)
     for _ in range(12):
-        ctl.observe("lookup:16", 16, 16)
-        ctl.observe("lookup:2", 4, 1)
-    long, short = ctl.decide({"lookup:16": 16}), ctl.decide({"lookup:2": 16})
+        ctl.observe(L16, 16, 16)
+        ctl.observe(L2, 4, 1)
+    long, short = ctl.decide({L16: 16}), ctl.decide({L2: 16})
     assert long.k == 15 and short.k <= 1  # 15 drafted + 1: the block of 16 is cheapest per token
 
 
 def test_a_short_match_buys_a_short_draft_however_good_its_record():
     ctl = Controller(CostModel(curve(VM_CURVE)), k_max=16)
     for _ in range(20):
-        ctl.observe("lookup:2", 16, 16)
-        ctl.observe("lookup:16", 16, 16)
+        ctl.observe(L2, 16, 16)
+        ctl.observe(L16, 16, 16)
     h = AdaptiveDrafter(ctl, lookup=LookupDrafter())
     src = list(range(100, 140))
     short = h.propose(src + [7, 1] + src[:2], 16)  # the last 2 tokens recur: match of 2
-    assert short.source == "lookup:2" and short.tokens == src[2:6]
+    assert short.source == L2 and short.tokens == src[2:6]
     long = h.propose(src + [7] + src[:20], 16)  # copying for 20 tokens
-    assert long.source == "lookup:16" and long.tokens == src[20:35]
+    assert long.source == L16 and long.tokens == src[20:35]
 
 
 def test_lookup_drafter_reports_how_long_the_copy_has_matched():

@@ -6,14 +6,13 @@ from collections import Counter
 
 import numpy as np
 import pytest
-
-from specli.decode import Stats, generate
-from specli.drafters import LookupDrafter, ModelDrafter, NoDrafter
-from specli.engine import Context, ContextConfig, Model
-from specli.errors import SpecliError
-from specli.verify import SamplingParams, probs_from_logits
-
 from test_verify import chi2_critical, chi2_stat
+
+from specli.engine import Context, ContextConfig, Model
+from specli.errors import PromptTooLong, SpecliError
+from specli.speculate.drafters import LookupDrafter, ModelDrafter, NoDrafter
+from specli.speculate.loop import generate
+from specli.speculate.verify import SamplingParams, probs_from_logits
 
 CFG = ContextConfig(n_ctx=1024, n_batch=64, f32_kv=True, n_threads=2)
 PROMPTS = [
@@ -44,12 +43,12 @@ def dm(tiny_draft):
 
 def run(tm, prompt, drafter, k=4, params=SamplingParams(), n=80, ctx=None):
     ctx = ctx or Context(tm, CFG)
-    st = Stats()
+    resp = generate(ctx, prompt, drafter, params, max_tokens=n, draft_max=k)
     toks, flags = [], []
-    for ch in generate(ctx, prompt, drafter, params, max_tokens=n, draft_max=k, stats=st):
+    for ch in resp:
         toks += ch.tokens
         flags += ch.from_draft
-    return toks, st, ctx, flags
+    return toks, resp.stats, ctx, flags
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5, 8, 16])
@@ -132,12 +131,9 @@ def test_seeded_sampling_is_reproducible(tm, dm):
     assert a == b and c == d
 
 
-def test_speculative_sampling_follows_the_target_distribution(tm, dm):
-    """Joint distribution of the first three tokens under speculative sampling equals the exact
-    target distribution, enumerated from the target's own logits (chi-square)."""
-    params = SamplingParams(temperature=1.5, top_k=6)
-    prompt = tm.tokenize(PROMPTS[0])
-    ctx = Context(tm, CFG)
+def exact_joint(ctx, prompt, params):
+    """The exact distribution of the first three sampled tokens after ``prompt``, enumerated
+    from the target's own logits (``ctx`` is scratch)."""
     p1 = probs_from_logits(ctx.eval(prompt)[0], params)
     exact: dict[tuple, float] = {}
     for a in np.nonzero(p1)[0]:
@@ -148,6 +144,15 @@ def test_speculative_sampling_follows_the_target_distribution(tm, dm):
             p3 = probs_from_logits(ctx.eval([int(b)])[0], params)
             for c in np.nonzero(p3)[0]:
                 exact[(int(a), int(b), int(c))] = p1[a] * p2[b] * p3[c]
+    return exact
+
+
+def test_speculative_sampling_follows_the_target_distribution(tm, dm):
+    """Joint distribution of the first three tokens under speculative sampling equals the exact
+    target distribution, enumerated from the target's own logits (chi-square)."""
+    params = SamplingParams(temperature=1.5, top_k=6)
+    prompt = tm.tokenize(PROMPTS[0])
+    exact = exact_joint(Context(tm, CFG), prompt, params)
     keys = list(exact)
     probs = np.array([exact[k] for k in keys])
     assert abs(probs.sum() - 1) < 1e-9
@@ -158,10 +163,9 @@ def test_speculative_sampling_follows_the_target_distribution(tm, dm):
     gen = Context(tm, CFG)
     drafted = accepted = 0
     for seed in range(n):
-        st = Stats()
-        toks = []
-        for ch in generate(gen, prompt, drafter, SamplingParams(1.5, 6, 1.0, seed), 3, 2, st):
-            toks += ch.tokens
+        resp = generate(gen, prompt, drafter, SamplingParams(1.5, 6, 1.0, seed), 3, 2)
+        toks = [t for ch in resp for t in ch.tokens]
+        st = resp.stats
         counts[tuple(toks)] += 1
         drafted += st.drafted
         accepted += st.accepted
@@ -173,8 +177,9 @@ def test_speculative_sampling_follows_the_target_distribution(tm, dm):
 
 def test_prompt_longer_than_the_context(tm):
     ctx = Context(tm, ContextConfig(n_ctx=256, f32_kv=True))
-    with pytest.raises(SpecliError, match=r"the prompt is 300 tokens, longer than the context \(--ctx 256\)"):
-        list(generate(ctx, list(range(100, 400)), NoDrafter(), SamplingParams(), 10))
+    with pytest.raises(PromptTooLong, match=r"the prompt is 300 tokens, longer than the context \(256 tokens\)") as e:
+        generate(ctx, list(range(100, 400)), NoDrafter(), SamplingParams(), 10)
+    assert (e.value.n_prompt, e.value.n_ctx) == (300, 256) and "--ctx" in e.value.hint
 
 
 def test_generation_stops_when_the_context_is_full(tm, dm):

@@ -3,7 +3,7 @@ import os
 import pytest
 
 from specli.errors import SpecliError
-from specli.gguf_meta import read_gguf
+from specli.resolve.gguf_header import TensorInfo, read_gguf
 
 
 def test_header_of_a_tiny_model(tiny_target):
@@ -40,3 +40,15 @@ def test_not_gguf_missing_and_directory(tmp_path):
         read_gguf(tmp_path / "missing.gguf")
     with pytest.raises(SpecliError, match="is a directory"):
         read_gguf(tmp_path)
+
+
+def test_tensor_sizes_come_from_the_gguf_package():
+    """Every type llama.cpp's gguf package knows has its size (a hand-written table lacked the
+    newer ones and counted them as 0 bytes); a type it does not know has none."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    sizes = {GGMLQuantizationType(t).name: TensorInfo("x", (block * 4, 3), int(t), 0).nbytes
+             for t, (block, _) in GGML_QUANT_SIZES.items()}
+    assert sizes == {GGMLQuantizationType(t).name: 12 * size for t, (_, size) in GGML_QUANT_SIZES.items()}
+    assert TensorInfo("x", (256,), int(GGMLQuantizationType.Q4_K), 0).type_name == "Q4_K"
+    unknown = TensorInfo("x", (256,), 9999, 0)
+    assert unknown.nbytes is None and unknown.type_name == "9999"

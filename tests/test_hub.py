@@ -4,15 +4,21 @@ server: resolution, split files, header-only checks, resume, offline mode, 404, 
 
 import json
 import os
-import shutil
 import socket
 
 import pytest
-
 from clihelp import specli
 from hubserver import HubServer, HubState, Repo
+
 from specli.errors import SpecliError
-from specli.hub import HubRef, family_of, parse_hub_ref, pick_files, quant_of, size_of
+from specli.resolve.hub import (
+    HubRef,
+    family_of,
+    parse_hub_ref,
+    pick_files,
+    quant_of,
+    size_of,
+)
 
 T_REPO = "tiny-org/Tiny-Target-2B-GGUF"
 D_REPO = "tiny-org/Tiny-Target-0.1B-GGUF"
@@ -98,6 +104,21 @@ def test_pick_files():
         pick_files(["c-00001-of-00003.gguf"], HubRef("o/r"))
 
 
+def test_pick_files_prefers_one_file_to_a_split_set_of_the_same_quant():
+    both = ["m-Q4_K_M.gguf", "m-Q4_K_M-00001-of-00002.gguf", "m-Q4_K_M-00002-of-00002.gguf", "m-Q8_0.gguf"]
+    notes = []
+    assert pick_files(both, HubRef("o/r", "Q4_K_M"), note=notes.append) == ["m-Q4_K_M.gguf"]
+    assert notes == ["o/r: Q4_K_M is there both as one file and split in parts; using the single file m-Q4_K_M.gguf"]
+    notes.clear()
+    assert pick_files(both, HubRef("o/r", "Q8_0"), note=notes.append) == ["m-Q8_0.gguf"] and notes == []
+    # bartowski/Llama-3.3-70B-Instruct-GGUF (the llama-3.3-70b profile): Q4_K_M is one file, Q5_K_M split in a folder
+    bart = ["Llama-3.3-70B-Instruct-Q4_K_M.gguf", "Llama-3.3-70B-Instruct-Q4_K_L.gguf",
+            "Llama-3.3-70B-Instruct-Q5_K_M/Llama-3.3-70B-Instruct-Q5_K_M-00001-of-00002.gguf",
+            "Llama-3.3-70B-Instruct-Q5_K_M/Llama-3.3-70B-Instruct-Q5_K_M-00002-of-00002.gguf"]
+    assert pick_files(bart, HubRef("b/r", "Q4_K_M")) == ["Llama-3.3-70B-Instruct-Q4_K_M.gguf"]
+    assert len(pick_files(bart, HubRef("b/r", "Q5_K_M"))) == 2
+
+
 # -- through the CLI and the real client ---------------------------------------------------
 
 def test_pull_by_quant_case_insensitive(env, tiny_target):
@@ -157,6 +178,28 @@ def test_resume_after_the_server_cuts_a_download(env, hub, tiny_target):
     assert open(got, "rb").read() == open(tiny_target, "rb").read()
     # resumed, not restarted: well under two full copies crossed the wire
     assert hub.state.served["tiny-target-2b-q8_0.gguf"] < 1.3 * size
+
+
+def test_offline_revision_reads_that_revisions_file(env, hub, tiny_target, tiny_draft_edited):
+    """Two revisions of a repo in the cache: offline, `@rev` reads that revision's file (a
+    hand-walk of the cache took whichever snapshot was newest)."""
+    rev = "tiny-org/Rev-2B-GGUF"
+    hub.state.repos[rev] = Repo({"rev-2b-q4_k_m.gguf": tiny_target}, sha="a" * 40, revisions={
+        "v1": Repo({"rev-2b-q4_k_m.gguf": tiny_target}, sha="1" * 40),
+        "v2": Repo({"rev-2b-q4_k_m.gguf": tiny_draft_edited}, sha="2" * 40)})
+    for r in ("v1", "v2"):
+        rc, out, err = specli("pull", f"{rev}:Q4_K_M@{r}", env=env)
+        assert rc == 0, err
+    off = dict(env, HF_HUB_OFFLINE="1")
+    for a, b in (("v1", "v2"), ("v2", "v1"), ("1" * 40, "v2")):
+        rc, out, err = specli("check", f"{rev}:Q4_K_M@{a}", f"{rev}:Q4_K_M@{b}", env=off)
+        assert rc == 1 and "✗ token text: at token 1234" in out, (a, b, out, err)
+    rc, out, err = specli("check", f"{rev}:Q4_K_M@v1", f"{rev}:Q4_K_M@{'1' * 40}", env=off)
+    assert rc == 0 and "compatible" in out, err
+    rc, out, err = specli("pull", f"{rev}:Q4_K_M", env=off)  # main was never fetched
+    assert "HF_HUB_OFFLINE is set and tiny-org/Rev-2B-GGUF is not in the cache" in one_line_error(rc, err)
+    rc, out, err = specli("pull", f"{rev}:Q4_K_M@v2", env=off)
+    assert rc == 0 and open(out.split()[-1], "rb").read() == open(tiny_draft_edited, "rb").read(), err
 
 
 def test_offline_mode(env, tiny_target):

@@ -1,5 +1,5 @@
-from specli.drafters import LookupDrafter
-from specli.lookup import NgramIndex, Substitutions, lookup_draft
+from specli.speculate.drafters import LookupDrafter
+from specli.speculate.lookup import NgramIndex, Substitutions, lookup_draft
 
 
 def test_longest_match_first_and_latest_occurrence():

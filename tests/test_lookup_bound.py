@@ -6,11 +6,11 @@ import os
 import random
 
 import pytest
-
-from specli.controller import Controller, CostModel
-from specli.drafters import AdaptiveDrafter, LookupDrafter
-
 from curves import VM_CURVE
+
+from specli.speculate.adaptive import AdaptiveDrafter
+from specli.speculate.controller import Controller, CostModel
+from specli.speculate.drafters import LookupDrafter
 
 _spec = importlib.util.spec_from_file_location(
     "lookup_bound", os.path.join(os.path.dirname(__file__), "..", "benchmarks", "lookup_bound.py"))

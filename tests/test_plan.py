@@ -3,8 +3,15 @@
 import pytest
 
 from specli.errors import SpecliError
-from specli.gguf_meta import read_gguf
-from specli.plan import GiB, MiB, ModelMemory, make_plan, memory_from_header, parse_size
+from specli.hardware.plan import (
+    GiB,
+    MiB,
+    ModelMemory,
+    make_plan,
+    memory_from_header,
+    parse_size,
+)
+from specli.resolve.gguf_header import GGUFHeader, TensorInfo, read_gguf
 
 CTX = 4096
 
@@ -87,3 +94,14 @@ def test_memory_from_a_real_header(tiny_target):
     # 2 KV heads of 16 dims, K and V, f16, 2 layers
     assert m.kv_bytes_per_token == 2 * 2 * 16 * 2 * 2
     assert m.input_bytes == 49152 * 64 * 4 and m.output_bytes == 49152 * 64 * 4 + 64 * 4
+
+
+def test_a_tensor_of_unknown_size_refuses_to_plan(tiny_target):
+    h = read_gguf(tiny_target)
+    i, t = next((i, t) for i, t in enumerate(h.tensors) if t.name.startswith("blk.1."))
+    odd = GGUFHeader(h.version, h.metadata, h.tensors[:i] + [TensorInfo(t.name, t.shape, 9999, t.offset)]
+                     + h.tensors[i + 1:], h.data_offset)
+    with pytest.raises(SpecliError) as e:
+        memory_from_header(odd, name="tiny")
+    assert str(e.value) == (f"tiny: tensor {t.name} has ggml type 9999, whose size the installed gguf package "
+                            "does not know; cannot plan memory (upgrade gguf)")

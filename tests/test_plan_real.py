@@ -4,12 +4,12 @@ import json
 import re
 
 import pytest
+from clihelp import specli
 
 import specli.engine as engine
-from clihelp import specli
 from specli.engine import Context, ContextConfig, Model
-from specli.gguf_meta import read_gguf
-from specli.plan import MiB, memory_from_header
+from specli.hardware.plan import MiB, memory_from_header
+from specli.resolve.gguf_header import read_gguf
 
 pytestmark = pytest.mark.real
 TARGET = "qwen2.5-coder-1.5b-instruct-q4_k_m"

@@ -9,10 +9,10 @@ target's top-2 margin there and fails unless that margin is small.
 import json
 
 import pytest
-
 from clihelp import specli
+
 from specli.engine import Context, ContextConfig, Model
-from specli.lossless import divergence
+from specli.measure.lossless import divergence
 
 pytestmark = pytest.mark.real
 

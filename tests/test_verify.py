@@ -5,7 +5,13 @@ import math
 import numpy as np
 import pytest
 
-from specli.verify import SamplingParams, greedy_accept, probs_from_logits, sample, speculative_accept
+from specli.speculate.verify import (
+    SamplingParams,
+    greedy_accept,
+    probs_from_logits,
+    sample,
+    speculative_accept,
+)
 
 
 def chi2_critical(dof: int, z: float = 3.719) -> float:

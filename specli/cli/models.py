@@ -1,0 +1,100 @@
+"""specli pull, check, profiles."""
+
+from __future__ import annotations
+
+import os
+
+import typer
+
+from specli.cli.common import app, err, one_line_errors
+
+
+@app.command(epilog="""
+Examples:
+
+  specli pull Qwen/Qwen2.5-Coder-7B-Instruct-GGUF:Q4_K_M
+
+  specli pull default            # a whole profile: its target and drafts
+""")
+@one_line_errors
+def pull(refs: list[str] = typer.Argument(..., help="Model references or profile names.")):
+    """Download models (or every model of a profile) into the cache, checked."""
+    from specli.resolve import models, profiles
+
+    profs = profiles.load_all()
+    for ref in refs:
+        specs = []
+        if ref in profs and not os.path.exists(ref):
+            specs = [("target", profs[ref].target)] + [("draft", d) for d in profs[ref].drafts]
+        else:
+            specs = [("model", profiles.ModelSpec((ref,)))]
+        for label, spec in specs:
+            notes: list[str] = []
+            path = models.resolve_spec(spec, progress=err, notes=notes, refetch=True)
+            for n in notes:
+                err(n)
+            print(f"{label} {spec.ref}: {path}")
+
+
+@app.command(epilog="""
+Examples:
+
+  specli check Qwen/Qwen2.5-Coder-7B-Instruct-GGUF:Q4_K_M Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF:Q4_K_M
+
+  specli check target.gguf draft.gguf
+""")
+@one_line_errors
+def check(target: str = typer.Argument(..., help="Target model reference."),
+          draft: str = typer.Argument(..., help="Draft model reference.")):
+    """Can this draft speculate for this target? llama.cpp's tokenizer rules, from the GGUF
+    headers alone (Hub files are read with range requests, not downloaded)."""
+    from specli.resolve import models, vocab
+    from specli.resolve.gguf_header import vocab_from_header
+
+    th, dh = models.header_of(target), models.header_of(draft)
+    rules = vocab.check_vocab(vocab_from_header(th), vocab_from_header(dh))
+    for r in rules:
+        print(f"{'✓' if r.ok else '✗'} {r.name}: {r.detail}")
+    msg = vocab.mismatch_message(rules)
+    if msg:
+        err(f"error: {msg}")
+        raise typer.Exit(1)
+    print("compatible: the draft can speculate for the target")
+
+
+profiles_app = typer.Typer(help="Curated target/draft pairs: list them, or show one.", invoke_without_command=True)
+app.add_typer(profiles_app, name="profiles")
+
+
+@profiles_app.callback()
+@one_line_errors
+def profiles_list(click_ctx: typer.Context):
+    """List the profiles (shipped, and yours in the config directory)."""
+    if click_ctx.invoked_subcommand:
+        return
+    from specli.resolve import profiles
+
+    for name, p in sorted(profiles.load_all().items()):
+        drafts = ", ".join(d.ref for d in p.drafts) or "prompt lookup"
+        print(f"{name:<20} {p.target.ref}  ⇐  {drafts}")
+    print(f"(your own: {profiles.user_profile_dir()}/*.yaml)")
+
+
+@profiles_app.command("show")
+@one_line_errors
+def profiles_show(name: str = typer.Argument(..., help="Profile name.")):
+    """Show one profile: target, drafts, sources and defaults."""
+    from specli.resolve import profiles
+
+    p = profiles.get(name)
+    print(f"name:        {p.name}\nfile:        {p.path}\ndescription: {p.description}")
+    for label, spec in [("target", p.target)] + [("draft", d) for d in p.drafts]:
+        print(f"{label}:")
+        for src in spec.sources:
+            print(f"  - {src}")
+        if spec.sha256:
+            print(f"  sha256: {spec.sha256}")
+    for k, v in p.defaults.items():
+        print(f"default {k}: {v}")
+
+

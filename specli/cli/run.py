@@ -1,0 +1,183 @@
+"""specli run (and --plan), specli doctor."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from typing import Optional
+
+import typer
+
+from specli.cli.common import (
+    CTX_OPTION,
+    DRAFT_MAX_OPTION,
+    DRAFT_OPTION,
+    GPU_LAYERS_OPTION,
+    LOOKUP_OPTION,
+    PROFILE_OPTION,
+    SEED_OPTION,
+    TARGET_OPTION,
+    TEMP_OPTION,
+    THREADS_OPTION,
+    TOP_K_OPTION,
+    TOP_P_OPTION,
+    VRAM_OPTION,
+    app,
+    err,
+    given_options,
+    one_line_errors,
+    read_prompt,
+)
+from specli.speculate.settings import DEFAULTS
+
+RUN_EPILOG = """
+Examples:
+
+  echo "Write a quicksort in Python" | specli run --target model.gguf --draft draft.gguf
+
+  specli run --target qwen2.5-coder-1.5b-instruct-q4_k_m --draft lookup --file edit_request.txt --stats
+
+  specli run --target model.gguf --draft none --prompt "Hello" --json
+"""
+
+
+@app.command(epilog=RUN_EPILOG)
+@one_line_errors
+def run(
+    click_ctx: typer.Context,
+    target: Optional[str] = TARGET_OPTION,
+    profile: Optional[str] = PROFILE_OPTION,
+    draft: str = DRAFT_OPTION,
+    prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="Prompt text (default: standard input)."),
+    file: Optional[str] = typer.Option(None, "--file", "-f", help="Read the prompt from this file."),
+    max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1, help="Most tokens to generate."),
+    temp: float = TEMP_OPTION,
+    top_k: int = TOP_K_OPTION,
+    top_p: float = TOP_P_OPTION,
+    seed: Optional[int] = SEED_OPTION,
+    draft_max: int = DRAFT_MAX_OPTION,
+    draft_p_min: float = typer.Option(DEFAULTS.draft_p_min, "--draft-p-min", min=0.0, max=1.0,
+                                      help="Draft model stops when its top probability falls below this."),
+    adaptive: bool = typer.Option(True, "--adaptive/--fixed",
+                                  help="Choose the draft length per step from measured costs (default), "
+                                       "or always draft up to --draft-max."),
+    lookup: bool = LOOKUP_OPTION,
+    ctx: int = CTX_OPTION,
+    threads: Optional[int] = THREADS_OPTION,
+    gpu_layers: Optional[int] = GPU_LAYERS_OPTION,
+    draft_gpu_layers: Optional[int] = typer.Option(None, "--draft-gpu-layers",
+                                                   help="Draft layers on the GPU (default: the hardware plan)."),
+    vram: Optional[str] = VRAM_OPTION,
+    plan: bool = typer.Option(False, "--plan", help="Print where each model would go, and why; generate nothing."),
+    chat: Optional[bool] = typer.Option(None, "--chat/--raw",
+                                        help="Apply the model's chat template (default when it has one)."),
+    system: Optional[str] = typer.Option(None, "--system", help="System prompt (with --chat)."),
+    stats: bool = typer.Option(False, "--stats", help="Print a one-line summary to stderr."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the text and stats."),
+):
+    """Generate from a prompt on standard input; text streams to standard output."""
+    from specli.session import Options, Session
+    from specli.speculate.settings import SpecSettings
+    from specli.speculate.verify import SamplingParams
+
+    opts = Options(target=target, draft=draft, profile=profile, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers,
+                   draft_gpu_layers=draft_gpu_layers, vram=vram, given=given_options(click_ctx),
+                   spec=SpecSettings(draft_max=draft_max, draft_p_min=draft_p_min, adaptive=adaptive, hybrid=lookup))
+    if plan:
+        print_plan(opts)
+        return
+    text = read_prompt(prompt, file)
+    sess = Session(opts, progress=err)
+    toks = sess.prompt_tokens(text, chat, system)
+    for note in opts.notes:
+        err(note)
+    params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, seed=seed)
+    resp = sess.generate(toks, params, max_tokens)
+    st = resp.stats
+    pieces: list[str] = []
+    out_tokens: list[int] = []
+    interrupted = False
+    try:
+        for ch in resp:
+            out_tokens += ch.tokens
+            if as_json:
+                pieces.append(ch.text)
+            else:
+                sys.stdout.write(ch.text)
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        interrupted = True
+        st.stop = "interrupted"
+    if as_json:
+        est = sess.plain_rate_estimate()
+        st_extra = {"plain_tokens_per_s_estimate": est} if est else {}
+        out = {"text": "".join(pieces), "tokens": out_tokens, "prompt_tokens": toks, "target": sess.target.path,
+               "draft": sess.draft_model.path if sess.draft_model else sess.drafter.name,
+               "finish_reason": resp.finish_reason, "placement": sess.placement(),
+               "settings": {"ctx": sess.ctx.n_ctx, **dataclasses.asdict(opts.spec)},
+               "stats": {**st.to_dict(), **st_extra}}
+        print(json.dumps(out, ensure_ascii=False))
+    elif not interrupted:
+        sys.stdout.write("\n")
+    sys.stdout.flush()
+    if stats:
+        err(st.summary())
+    slower = sess.slower_than_plain(st)
+    if slower:
+        err(slower)
+    sess.close()
+    if interrupted:
+        raise typer.Exit(130)
+
+
+def print_plan(opts) -> None:
+    from specli.hardware.plan import fmt, memory_from_header
+    from specli.resolve.gguf_header import read_gguf
+    from specli.session import choose_models, plan_for
+
+    tpath, dpath, _ = choose_models(opts, progress=err)
+    for note in opts.notes:
+        err(note)
+    p, hw, n_ctx = plan_for(opts, tpath, dpath)
+    budget = "none (CPU only)" if hw.budget is None else f"{fmt(hw.budget)} ({hw.budget_source})"
+    print(f"backend      {', '.join(hw.backends)} (GPU offload {'yes' if hw.can_offload else 'no'})")
+    print(f"GPU budget   {budget}")
+    print(f"context      {n_ctx} tokens")
+    for label, path in (("target", tpath), ("draft", dpath)):
+        if path:
+            m = memory_from_header(read_gguf(path), name=label)
+            print(f"{label:<12} {os.path.basename(path)}: weights {fmt(m.weights)} in {m.n_layer} layers, "
+                  f"KV {fmt(m.kv(n_ctx))}, buffers {fmt(m.compute())}, all on GPU {fmt(m.gpu_bytes(-1, n_ctx))}")
+    layers = "all" if p.target_gpu_layers < 0 else str(p.target_gpu_layers)
+    dl = "all" if p.draft_gpu_layers < 0 else str(p.draft_gpu_layers)
+    print(f"plan         target layers on GPU: {layers}; drafter: {p.draft}"
+          + (f" (draft layers on GPU: {dl})" if p.draft == "model" else ""))
+    print(f"why          {p.summary} [{p.branch}]")
+
+
+@app.command()
+@one_line_errors
+def doctor(vram: Optional[str] = typer.Option(None, "--vram", help="Pretend this much GPU memory is free.")):
+    """What this machine and this llama.cpp build can do, and how to fix a build that cannot use the GPU."""
+    from specli.hardware.devices import detect, reinstall_hint
+    from specli.hardware.plan import fmt
+
+    hw = detect(vram)
+    print(f"llama-cpp-python {hw.llama_cpp_python}; backends: {', '.join(hw.backends)}")
+    print(f"GPU offload in this build: {'yes' if hw.can_offload else 'no'}")
+    if hw.devices:
+        for d in hw.devices:
+            print(f"device: {d.name} ({d.kind}), {fmt(d.free)} free of {fmt(d.total)}")
+    else:
+        print("devices: no GPU found (nvidia-smi absent or silent; not Apple silicon): CPU only")
+    budget = "none" if hw.budget is None else f"{fmt(hw.budget)} ({hw.budget_source})"
+    print(f"budget specli plans with: {budget}")
+    print(f"CPU threads: {hw.threads}")
+    print(f"llama.cpp: {hw.system_info}")
+    hint = reinstall_hint(hw)
+    if hint:
+        print(f"this build cannot use your GPU; reinstall with:\n  {hint}")
+
+

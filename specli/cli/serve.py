@@ -1,0 +1,107 @@
+"""specli serve: the OpenAI-compatible HTTP server."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from specli.cli.common import (
+    CTX_OPTION,
+    DRAFT_MAX_OPTION,
+    DRAFT_OPTION,
+    GPU_LAYERS_OPTION,
+    LOOKUP_OPTION,
+    PROFILE_OPTION,
+    TARGET_OPTION,
+    THREADS_OPTION,
+    VRAM_OPTION,
+    app,
+    err,
+    given_options,
+    one_line_errors,
+)
+from specli.errors import SpecliError
+
+SERVE_EPILOG = """
+Examples:
+
+  specli serve --profile default
+
+  specli serve --target model.gguf --draft draft.gguf --port 8080 --queue 16
+
+  SPECLI_API_KEY=secret specli serve --profile default --host 0.0.0.0
+
+Then point any OpenAI client at http://127.0.0.1:8000/v1 (curl, openai-python, ...).
+"""
+
+
+@app.command(epilog=SERVE_EPILOG)
+@one_line_errors
+def serve(
+    click_ctx: typer.Context,
+    target: Optional[str] = TARGET_OPTION,
+    profile: Optional[str] = PROFILE_OPTION,
+    draft: str = DRAFT_OPTION,
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (beyond loopback needs --api-key)."),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPECLI_API_KEY", show_envvar=True,
+                                          help="Require 'Authorization: Bearer KEY' on /v1 requests."),
+    queue: int = typer.Option(8, "--queue", min=0,
+                              help="Requests that may wait behind the one generating; more get 503."),
+    name: Optional[str] = typer.Option(None, "--name",
+                                       help="Model name in /v1/models (default: the profile or GGUF file name)."),
+    temp: float = typer.Option(1.0, "--temp", min=0.0, max=2.0,
+                               help="Temperature for requests that give none (OpenAI's default, 1)."),
+    draft_max: int = DRAFT_MAX_OPTION,
+    adaptive: bool = typer.Option(True, "--adaptive/--fixed",
+                                  help="Choose the draft length per step from measured costs (default), "
+                                       "or always draft up to --draft-max."),
+    lookup: bool = LOOKUP_OPTION,
+    ctx: int = CTX_OPTION,
+    threads: Optional[int] = THREADS_OPTION,
+    gpu_layers: Optional[int] = GPU_LAYERS_OPTION,
+    vram: Optional[str] = VRAM_OPTION,
+    log_level: str = typer.Option("warning", "--log-level",
+                                  help="uvicorn's log level (info: one line per request)."),
+):
+    """Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions)."""
+    try:
+        from specli.serve.app import create_app
+        from specli.serve.runner import (
+            bound_port,
+            check_bind,
+            make_server,
+            serve_forever,
+        )
+    except ImportError as e:
+        if (e.name or "").split(".")[0] not in ("fastapi", "uvicorn", "starlette"):
+            raise
+        raise SpecliError(f"specli serve needs FastAPI and uvicorn ({e.name} is missing): "
+                          "pip install 'specli[serve]'") from None
+    from specli.session import Options, Session
+    from specli.speculate.settings import SpecSettings
+
+    check_bind(host, port, api_key)
+    opts = Options(target=target, draft=draft, profile=profile, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers,
+                   vram=vram, given=given_options(click_ctx),
+                   spec=SpecSettings(draft_max=draft_max, adaptive=adaptive, hybrid=lookup))
+    sess = Session(opts, progress=err)
+    for note in opts.notes:
+        err(note)
+    try:
+        api = create_app(sess, name=name, api_key=api_key, queue=queue, temperature=temp)
+        shown = f"[{host}]" if ":" in host else host
+
+        def ready(server) -> None:
+            err(f"serving {api.state.model_ids[0]} (drafter: {sess.drafter.name}) on "
+                f"http://{shown}:{bound_port(server)}/v1" + (" (API key required)" if api_key else "")
+                + "; Ctrl-C stops")
+
+        server = make_server(api, host, port, log_level, on_ready=ready)
+        stopped_by = serve_forever(server)
+        if not server.started:
+            raise typer.Exit(1)  # uvicorn has said why (the port was taken meanwhile, ...)
+    finally:
+        sess.close()
+    err(f"stopped ({stopped_by})" if stopped_by else "stopped")

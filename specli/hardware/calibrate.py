@@ -1,0 +1,168 @@
+"""Measure what a verify pass of k tokens and a draft-model token cost on this machine, once
+per model + backend + threads, cached so the next run starts calibrated."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+from specli.engine import Context, system_info
+from specli.resolve.wheels import cache_dir
+
+CALIBRATION_VERSION = 2
+
+
+def _ident(path: str, n_gpu_layers: int, threads: int, n_batch: int, k_max: int) -> str:
+    st = os.stat(path)
+    ident = f"{os.path.basename(path)}:{st.st_size}:{n_gpu_layers}:{threads}:{n_batch}:{k_max}:{system_info()}"
+    return hashlib.sha256(ident.encode()).hexdigest()[:20]
+
+
+def _key(ctx: Context, k_max: int) -> str:
+    return _ident(ctx.model.path, ctx.model.n_gpu_layers, ctx.threads, ctx.n_batch, k_max)
+
+
+def draft_on_cpu_pays(target_path: str, draft_path: str, threads: int, n_batch: int, k_max: int) -> bool | None:
+    """From earlier measurements only (None when there are none): would the draft model on
+    the CPU speed up the target fully on the GPU, at a typical 80% acceptance?"""
+    from specli.speculate.controller import best_length
+
+    d = _load()
+    dc = d.get("draft:" + _ident(draft_path, 0, threads, n_batch, 0))
+    tv = d.get("verify:" + _ident(target_path, -1, threads, n_batch, k_max))
+    if not isinstance(dc, (int, float)) or not isinstance(tv, list):
+        return None
+    return best_length(0.8, [float(x) for x in tv], float(dc), k_max, float(dc), 0.8)[0] > 0
+
+
+def _path() -> Path:
+    return cache_dir().parent / "calibration.json"
+
+
+def _load() -> dict:
+    try:
+        d = json.loads(_path().read_text())
+        return d if d.get("version") == CALIBRATION_VERSION else {"version": CALIBRATION_VERSION}
+    except (OSError, ValueError):
+        return {"version": CALIBRATION_VERSION}
+
+
+def _store(key: str, value) -> None:
+    d = _load()
+    d[key] = value
+    p = _path()
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(d, indent=1))
+        os.replace(tmp, p)
+    except OSError:
+        pass  # a read-only cache only costs a calibration next time
+
+
+def _block(ctx: Context, n: int) -> list[int]:
+    # ordinary text tokens; what they are does not change the cost
+    base = ctx.model.tokenize(" the quick brown fox jumps over the lazy dog and then", add_special=False)
+    return (base * (n // max(1, len(base)) + 1))[:n]
+
+
+def _depth(ctx: Context, k_max: int) -> int:
+    """Tokens cached before a timed block: a typical prompt, so attention costs what it will."""
+    return max(1, min(256, ctx.n_ctx - k_max - 2))
+
+
+def measured_points(k_max: int) -> list[int]:
+    """Draft lengths timed directly: every k up to 4, then blocks of 8, 12, 16, 24, 32 tokens
+    (kernels switch at such sizes, so the curve has dips there); the rest is interpolated and
+    refined from real steps."""
+    pts = [k for k in range(min(k_max, 4) + 1)]
+    pts += [k for k in (7, 11, 15, 23, 31) if 4 < k <= k_max]
+    if k_max not in pts:
+        pts.append(k_max)
+    return sorted(pts)
+
+
+def interpolate(points: dict[int, float], k_max: int) -> list[float]:
+    ks = sorted(points)
+    out = []
+    for k in range(k_max + 1):
+        if k in points:
+            out.append(points[k])
+            continue
+        lo = max(x for x in ks if x < k)
+        hi = min(x for x in ks if x > k)
+        w = (k - lo) / (hi - lo)
+        out.append(points[lo] + w * (points[hi] - points[lo]))
+    return out
+
+
+def verify_costs(ctx: Context, k_max: int, reps: int = 3, use_cache: bool = True) -> list[float]:
+    """seconds[k] for a block of k + 1 tokens with logits for every row, k = 0..k_max. The
+    sizes are timed in turn, ``reps`` rounds, median per size: a machine whose speed drifts
+    (turbo, a busy neighbour) then moves every size alike and the ratios hold."""
+    key = "verify:" + _key(ctx, k_max)
+    if use_cache:
+        cached = _load().get(key)
+        if isinstance(cached, list) and len(cached) == k_max + 1:
+            return [float(x) for x in cached]
+    saved = list(ctx.tokens)
+    ctx.clear()
+    prefix = _block(ctx, _depth(ctx, k_max))
+    ctx.eval(prefix, "none")
+    for n in (1, k_max + 1):  # warm-up: the first pass of a shape allocates its graph
+        ctx.eval(_block(ctx, n), "all")
+        ctx.rollback(len(prefix))
+    times: dict[int, list[float]] = {k: [] for k in measured_points(k_max)}
+    for _ in range(reps):
+        for k, ts in times.items():
+            t = time.perf_counter()
+            ctx.eval(_block(ctx, k + 1), "all")
+            ts.append(time.perf_counter() - t)
+            ctx.rollback(len(prefix))
+    costs = interpolate({k: statistics.median(ts) for k, ts in times.items()}, k_max)
+    ctx.clear()
+    if saved:
+        ctx.eval(saved, "none")
+    _store(key, costs)
+    return costs
+
+
+def cached_cost(kind: str, ctx: Context, measure: Callable[[], float], use_cache: bool = True) -> float:
+    """A per-token drafting cost measured once per model + backend + threads (``kind``: what
+    drafts, e.g. "mtp"), cached like the verify curve."""
+    key = f"{kind}:" + _key(ctx, 0)
+    if use_cache:
+        cached = _load().get(key)
+        if isinstance(cached, (int, float)):
+            return float(cached)
+    value = measure()
+    _store(key, value)
+    return value
+
+
+def draft_token_cost(ctx: Context, reps: int = 4, use_cache: bool = True) -> float:
+    key = "draft:" + _key(ctx, 0)
+    if use_cache:
+        cached = _load().get(key)
+        if isinstance(cached, (int, float)):
+            return float(cached)
+    saved = list(ctx.tokens)
+    ctx.clear()
+    prefix = _block(ctx, _depth(ctx, reps))
+    ctx.eval(prefix, "none")
+    ctx.eval(_block(ctx, 1))  # warm-up
+    best = float("inf")
+    for tok in _block(ctx, reps):
+        t = time.perf_counter()
+        ctx.eval([tok])
+        best = min(best, time.perf_counter() - t)
+    ctx.clear()
+    if saved:
+        ctx.eval(saved, "none")
+    _store(key, best)
+    return best

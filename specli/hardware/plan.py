@@ -1,0 +1,162 @@
+"""Where each model goes, decided before anything loads: pure functions of the GGUF headers,
+the GPU memory budget, the context size and the backend.
+
+Order of preference: both models fully on the GPU; the target on the GPU and the draft on the
+CPU (only when the draft is fast enough there to pay); the target on the GPU with prompt
+lookup; part of the target on the GPU with prompt lookup; CPU only.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from specli.errors import SpecliError
+from specli.resolve.gguf_header import GGUFHeader
+
+GiB = 1 << 30
+MiB = 1 << 20
+_LAYER = re.compile(r"^blk\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class ModelMemory:
+    """Bytes a model needs on the device, from its header."""
+
+    name: str
+    n_layer: int
+    layer_bytes: tuple[int, ...]  # weights of each repeating layer
+    output_bytes: int  # output head and final norm (offloaded with the last layer)
+    input_bytes: int  # token embeddings (llama.cpp keeps them in host memory)
+    kv_bytes_per_token: int  # all layers, K and V
+    n_vocab: int
+    n_embd: int
+
+    @property
+    def weights(self) -> int:
+        return sum(self.layer_bytes) + self.output_bytes + self.input_bytes
+
+    def kv(self, n_ctx: int) -> int:
+        return self.kv_bytes_per_token * n_ctx
+
+    def compute(self, n_batch: int = 512) -> int:
+        """Compute and output buffers: a batch of f32 logits and activations, plus one output
+        row and a 16 MiB margin (llama.cpp reports 302.75 + 0.58 MiB for Qwen2.5 1.5B at 512)."""
+        return n_batch * (self.n_vocab * 4 + self.n_embd * 8) + self.n_vocab * 4 + 16 * MiB
+
+    def gpu_bytes(self, n_gpu_layers: int, n_ctx: int, n_batch: int = 512) -> int:
+        """Device memory for ``n_gpu_layers`` offloaded layers (-1 or > n_layer: everything)."""
+        n = self.n_layer if n_gpu_layers < 0 or n_gpu_layers > self.n_layer else n_gpu_layers
+        if n == 0:
+            return 0
+        full = n_gpu_layers < 0 or n_gpu_layers > self.n_layer
+        w = sum(self.layer_bytes[self.n_layer - n:]) + (self.output_bytes if full else 0)
+        kv = self.kv_bytes_per_token * n_ctx * n // self.n_layer
+        return w + kv + self.compute(n_batch)
+
+
+def memory_from_header(h: GGUFHeader, kv_type_bytes: float = 2.0, name: str = "") -> ModelMemory:
+    n_layer = int(h.arch_key("block_count", 0) or 0)
+    if n_layer <= 0:
+        raise SpecliError(f"{name or h.path}: the GGUF header has no block_count; cannot plan memory")
+    layers = [0] * n_layer
+    out = inp = 0
+    for t in h.tensors:
+        nb = t.nbytes
+        if nb is None:  # planning with 0 bytes for it would put too much on the GPU
+            raise SpecliError(f"{name or h.path}: tensor {t.name} has ggml type {t.type_name}, whose size the "
+                              "installed gguf package does not know; cannot plan memory (upgrade gguf)")
+        m = _LAYER.match(t.name)
+        if m and int(m.group(1)) < n_layer:
+            layers[int(m.group(1))] += nb
+        elif t.name.startswith("token_embd"):
+            inp += nb
+        else:
+            out += nb
+    if not any(t.name.startswith("output.") for t in h.tensors):
+        out += inp  # tied embeddings: the output head is a copy of token_embd on the device
+    n_embd = int(h.arch_key("embedding_length", 0) or 0)
+    n_head = int(h.arch_key("attention.head_count", 1) or 1)
+    n_head_kv = h.arch_key("attention.head_count_kv", n_head)
+    if hasattr(n_head_kv, "__len__"):  # per-layer head counts
+        n_head_kv = max(int(x) for x in n_head_kv)
+    n_head_kv = int(n_head_kv)
+    k_len = int(h.arch_key("attention.key_length", n_embd // max(n_head, 1)) or 0)
+    v_len = int(h.arch_key("attention.value_length", n_embd // max(n_head, 1)) or 0)
+    kv_tok = int(n_layer * n_head_kv * (k_len + v_len) * kv_type_bytes)
+    n_vocab = len(h.get("tokenizer.ggml.tokens", [])) or int(h.arch_key("vocab_size", 32000) or 32000)
+    return ModelMemory(name or str(h.get("general.name", "model")), n_layer, tuple(layers), out, inp, kv_tok,
+                       n_vocab, n_embd)
+
+
+@dataclass(frozen=True)
+class Plan:
+    target_gpu_layers: int  # -1: all
+    draft: str  # "model" or "lookup" (or "none": the user asked for plain decoding)
+    draft_gpu_layers: int
+    branch: str  # which rule decided
+    summary: str  # one line for stderr
+
+
+
+def fmt(n: int) -> str:
+    return f"{n / GiB:.1f} GiB"
+
+
+def make_plan(target: ModelMemory, draft: ModelMemory | None, budget: int | None, n_ctx: int,
+              can_offload: bool, draft_cpu_pays: bool = False, n_batch: int = 512,
+              wants_draft: str = "model") -> Plan:
+    """``budget``: free device memory in bytes (None: no GPU). ``draft_cpu_pays``: the draft
+    model measured fast enough on the CPU to help a target on the GPU. ``wants_draft``: what the
+    user asked for ("model", "lookup", "none")."""
+    dmode = "model" if draft is not None and wants_draft == "model" else wants_draft
+    if dmode == "model" and draft is None:
+        dmode = "lookup"
+    if not can_offload or budget is None or budget <= 0:
+        why = "no GPU offload in this llama.cpp build" if not can_offload else "no GPU found"
+        return Plan(0, dmode, 0, "cpu", f"{why}: everything on the CPU")
+    t_full = target.gpu_bytes(-1, n_ctx, n_batch)
+    t_w = target.gpu_bytes(-1, 0, n_batch) - target.compute(n_batch)
+    t_kv = target.kv(n_ctx)
+    if dmode == "model":
+        d_full = draft.gpu_bytes(-1, n_ctx, n_batch)
+        d_w = draft.gpu_bytes(-1, 0, n_batch) - draft.compute(n_batch)
+        need = t_full + d_full
+        parts = (f"target {fmt(t_w)} + draft {fmt(d_w)} + KV {fmt(t_kv + draft.kv(n_ctx))} + buffers "
+                 f"{fmt(target.compute(n_batch) + draft.compute(n_batch))}")
+        if need <= budget:
+            return Plan(-1, "model", -1, "both-gpu", f"{parts} = {fmt(need)} <= {fmt(budget)} free: both on the GPU")
+        if t_full <= budget and draft_cpu_pays:
+            return Plan(-1, "model", 0, "draft-cpu",
+                        f"{parts} > {fmt(budget)} free: target on the GPU, draft on the CPU (fast enough there)")
+        if t_full <= budget:
+            return Plan(-1, "lookup", 0, "target-gpu-lookup",
+                        f"{parts} > {fmt(budget)} free: target on the GPU, using prompt lookup instead of the draft")
+    elif t_full <= budget:
+        return Plan(-1, dmode, 0, "target-gpu",
+                    f"target {fmt(t_w)} + KV {fmt(t_kv)} = {fmt(t_full)} <= {fmt(budget)} free: target on the GPU")
+    # the target does not fit whole: offload as many layers as fit, draft with lookup
+    n = target.n_layer
+    while n > 0 and target.gpu_bytes(n, n_ctx, n_batch) > budget:
+        n -= 1
+    fallback = "lookup" if dmode == "model" else dmode
+    if n > 0:
+        return Plan(n, fallback, 0, "partial-lookup",
+                    f"target {fmt(t_full)} > {fmt(budget)} free: {n}/{target.n_layer} target layers on the GPU"
+                    + (", using prompt lookup" if fallback == "lookup" else ""))
+    return Plan(0, fallback, 0, "cpu-lookup",
+                f"not even one target layer fits in {fmt(budget)} free: everything on the CPU"
+                + (", using prompt lookup" if fallback == "lookup" else ""))
+
+
+_SIZE = re.compile(r"^\s*([\d.]+)\s*([kmgt]i?b?|b)?\s*$", re.I)
+
+
+def parse_size(text: str) -> int:
+    """'6GiB', '6G', '512MiB', '6.5 GB' -> bytes (binary units)."""
+    m = _SIZE.match(text or "")
+    if not m:
+        raise SpecliError(f"cannot read the memory size '{text}' (examples: 6GiB, 512MiB)")
+    unit = (m.group(2) or "b").lower()[0]
+    mult = {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[unit]
+    return int(float(m.group(1)) * mult)

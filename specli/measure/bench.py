@@ -1,0 +1,219 @@
+"""Plain vs speculative decoding side by side on one target, in one process.
+
+Each prompt of a suite runs in each mode against the same loaded target; modes are measured
+in turn over all prompts so the same prompt never runs twice in a row, and every mode gets a
+warm-up first. Rates exclude prompt processing (all modes prefill alike). At temperature 0,
+every mode's tokens are compared with plain decoding's; where they part, the report gives the
+position and the target's top-2 margin there.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from specli.measure.lossless import divergence
+from specli.measure.suite import Suite
+from specli.prompt import build_prompt
+from specli.speculate.loop import AcceptanceRates, Stats
+from specli.speculate.verify import SamplingParams
+
+if TYPE_CHECKING:
+    from specli.session import Session
+
+MODES = ("plain", "lookup", "lookup-fixed", "llama-cpp-python-lookup", "model", "hybrid", "model-fixed")
+NEEDS_DRAFT = ("model", "hybrid", "model-fixed")
+NEEDS_NOTHING = ("plain", "llama-cpp-python-lookup")
+
+
+@dataclass
+class ModeResult(AcceptanceRates):
+    mode: str
+    tokens: int = 0
+    seconds: float = 0.0
+    drafted: int = 0
+    accepted: int = 0
+    spec_steps: int = 0
+    steps: int = 0
+    t_draft: float = 0.0
+    t_verify: float = 0.0
+    peak_rss_mb: float = 0.0
+    per_prompt: dict = field(default_factory=dict)  # prompt id -> tokens/s of each repeat
+    lossless: dict = field(default_factory=dict)  # prompt id -> "identical" or a description
+    speedup: float | None = None
+    error: str = ""  # a comparison mode that could not run says why here
+
+    def add(self, st: Stats) -> None:
+        self.tokens += st.generated
+        self.seconds += st.t_generate
+        self.drafted += st.drafted
+        self.accepted += st.accepted
+        self.spec_steps += st.spec_steps
+        self.steps += st.steps
+        self.t_draft += st.t_draft
+        self.t_verify += st.t_verify
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def draft_share(self) -> float:
+        t = self.t_draft + self.t_verify
+        return self.t_draft / t if t else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(tokens_per_s=self.tokens_per_s, acceptance=self.acceptance,
+                 mean_accepted=self.mean_accepted, draft_share=self.draft_share)
+        return d
+
+
+@dataclass
+class BenchReport:
+    target: str
+    draft: str | None
+    suite: str
+    max_tokens: int
+    repeat: int
+    threads: int
+    results: dict[str, ModeResult]
+    placement: dict = field(default_factory=dict)  # where each model ran (Session.placement)
+
+    def to_dict(self) -> dict:
+        return {"target": self.target, "draft": self.draft, "suite": self.suite, "max_tokens": self.max_tokens,
+                "repeat": self.repeat, "threads": self.threads, "placement": self.placement,
+                "modes": {m: r.to_dict() for m, r in self.results.items()}}
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class _LlamaCppPythonLookup:
+    """llama-cpp-python's own LlamaPromptLookupDecoding, as its users would pick it, run
+    through its high-level Llama.generate on a second copy of the target."""
+
+    def __init__(self, path: str, n_ctx: int, threads: int, draft_max: int, n_gpu_layers: int = 0):
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        self.llm = Llama(path, n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, verbose=False,
+                         logits_all=False,
+                         draft_model=LlamaPromptLookupDecoding(num_pred_tokens=draft_max))
+
+    def run(self, prompt: list[int], max_tokens: int, is_eog) -> tuple[list[int], float]:
+        self.llm.reset()
+        out: list[int] = []
+        t0 = None
+        for tok in self.llm.generate(prompt, temp=0.0, top_k=1, reset=True):
+            if t0 is None:
+                t0 = time.perf_counter()
+            if is_eog(tok):
+                break
+            out.append(tok)
+            if len(out) >= max_tokens:
+                break
+        return out, (time.perf_counter() - t0) if t0 else 0.0
+
+
+def schedule(modes: list[str], n_prompts: int) -> list[tuple[int, str]]:
+    """Every (prompt, mode) pair once, modes interleaved in time (in each round every mode runs
+    a different prompt), never the same prompt twice in a row when there are two or more."""
+    order = [((r + j) % n_prompts, m) for r in range(n_prompts) for j, m in enumerate(modes)]
+    for i in range(1, len(order)):
+        if order[i][0] != order[i - 1][0]:
+            continue
+        for k in range(i + 1, len(order)):
+            ok_here = order[k][0] != order[i - 1][0]
+            ok_there = order[i][0] != order[k - 1][0] and (k + 1 >= len(order) or order[i][0] != order[k + 1][0])
+            if ok_here and ok_there and k != i + 1:
+                order[i], order[k] = order[k], order[i]
+                break
+    return order
+
+
+def run_bench(sess: Session, suite: Suite, modes: list[str], max_tokens: int = 128, repeat: int = 1,
+              progress: Callable[[str, int, int], None] | None = None, chat: bool | None = None) -> BenchReport:
+    """Every mode over ``suite`` on the session's target, drafters built by the session (the
+    same construction, hardware plan and settings as ``specli run``)."""
+    target, ctx = sess.target, sess.ctx
+    draft_max = sess.opts.spec.draft_max
+    use_chat = target.chat_template() is not None if chat is None else chat
+    prompts = [(p, build_prompt(target, p.text, use_chat)) for p in suite.prompts]
+    lcp = None
+    available = set(sess.modes())
+    modes = [m for m in MODES if m in modes and (m in NEEDS_NOTHING or _as_session_mode(m) in available)]
+    results = {m: ModeResult(m) for m in modes}
+    total = len(modes) * (len(prompts) * repeat + 1)
+    done = 0
+
+    def one(mode: str, sp, toks: list[int], n: int) -> tuple[list[int], Stats]:
+        if mode == "llama-cpp-python-lookup":
+            out, secs = lcp.run(toks, n, target.is_eog)
+            return out, Stats(generated=len(out), t_generate=secs)
+        ctx.clear()
+        params = SamplingParams(sp.temperature, sp.top_k, sp.top_p, seed=1234)
+        resp = sess.generate(toks, params, n, sess.drafter_for(_as_session_mode(mode)))
+        out = [t for ch in resp for t in ch.tokens]
+        return out, resp.stats
+
+    outputs: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
+
+    def measure(mode: str, sp, toks: list[int], first_pass: bool) -> None:
+        r = results[mode]
+        out, st = one(mode, sp, toks, sp.max_tokens or max_tokens)
+        r.add(st)
+        r.per_prompt.setdefault(sp.id, []).append(st.generated / st.t_generate if st.t_generate else 0)
+        if sp.temperature == 0 and first_pass:
+            outputs[(mode, sp.id)] = (toks, out)
+
+    # warm-ups, modes without the draft model first: peak memory with and without it
+    for mode in sorted(modes, key=lambda m: m in NEEDS_DRAFT):
+        if progress:
+            progress(f"{mode}: warm-up", done, total)
+        try:
+            if mode == "llama-cpp-python-lookup":
+                lcp = _LlamaCppPythonLookup(target.path, ctx.n_ctx, ctx.threads, draft_max, sess.target_gpu_layers)
+            one(mode, prompts[-1][0], prompts[-1][1], 16)
+        except Exception as e:  # noqa: BLE001 - a comparison mode that fails is a row that says so
+            if mode != "llama-cpp-python-lookup":
+                raise
+            results[mode].error = f"{type(e).__name__}: {e}"
+        done += 1
+        results[mode].peak_rss_mb = _peak_rss_mb()
+    live = [m for m in modes if not results[m].error]
+    # measured runs, interleaved: in each round every mode runs a different prompt, so slow
+    # drifts of the machine hit every mode alike
+    for rep in range(repeat):
+        for sp_i, mode in schedule(live, len(prompts)):
+            sp, toks = prompts[sp_i]
+            if progress:
+                progress(f"{mode}: {sp.id}", done, total)
+            try:
+                measure(mode, sp, toks, rep == 0)
+            except Exception as e:  # noqa: BLE001
+                if mode != "llama-cpp-python-lookup":
+                    raise
+                results[mode].error = f"{type(e).__name__}: {e}"
+            done += 1
+    # lossless check: every mode's greedy tokens against plain decoding's
+    for (mode, pid), (toks, out) in outputs.items():
+        ref = outputs.get(("plain", pid))
+        if mode != "plain" and ref is not None:
+            d = divergence(ctx, toks, ref[1], out)
+            results[mode].lossless[pid] = "identical" if d is None else d.describe()
+    if "plain" in results and results["plain"].tokens_per_s:
+        base = results["plain"].tokens_per_s
+        for r in results.values():
+            r.speedup = r.tokens_per_s / base if r.tokens else None
+    return BenchReport(target.path, sess.draft_path, suite.name, max_tokens, repeat, ctx.threads, results,
+                       sess.placement())
+
+
+def _as_session_mode(mode: str) -> str:
+    return "none" if mode == "plain" else mode
+
+

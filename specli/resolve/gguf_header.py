@@ -1,0 +1,293 @@
+"""Read a GGUF file's header (metadata and tensor table) without loading weights.
+
+Works on any binary file object with ``read`` (a local file, or a remote file opened
+through huggingface-hub's file system, which turns reads into HTTP range requests).
+Also validates that a local file is complete: a truncated download is caught here,
+with a clear message, before llama.cpp is asked to load it.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+import struct
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from specli.errors import SpecliError
+
+GGUF_MAGIC = b"GGUF"
+
+# value types
+_UINT8, _INT8, _UINT16, _INT16, _UINT32, _INT32, _FLOAT32, _BOOL, _STRING, _ARRAY, _UINT64, _INT64, _FLOAT64 = range(13)
+_SCALAR = {
+    _UINT8: "<B", _INT8: "<b", _UINT16: "<H", _INT16: "<h", _UINT32: "<I", _INT32: "<i",
+    _FLOAT32: "<f", _BOOL: "<?", _UINT64: "<Q", _INT64: "<q", _FLOAT64: "<d",
+}
+_NP = {
+    _UINT8: "<u1", _INT8: "<i1", _UINT16: "<u2", _INT16: "<i2", _UINT32: "<u4", _INT32: "<i4",
+    _FLOAT32: "<f4", _BOOL: "?", _UINT64: "<u8", _INT64: "<i8", _FLOAT64: "<f8",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def ggml_type(type_id: int) -> tuple[str, int, int] | None:
+    """(name, elements per block, bytes per block) of a ggml tensor type, from the gguf package's
+    tables (llama.cpp's own); None when the installed gguf does not know the type's size."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    try:
+        t = GGMLQuantizationType(type_id)
+    except ValueError:
+        return None
+    size = GGML_QUANT_SIZES.get(t)
+    return None if size is None else (t.name, size[0], size[1])
+
+
+# tokenizer.ggml.model -> llama.cpp vocabulary type name
+VOCAB_TYPES = {"llama": "SPM", "gpt2": "BPE", "bert": "WPM", "t5": "UGM", "rwkv": "RWKV",
+               "plamo2": "PLAMO2", "no_vocab": "NONE", "none": "NONE"}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]
+    type_id: int
+    offset: int  # relative to the start of the data section
+
+    @property
+    def type_name(self) -> str:
+        from gguf.constants import GGMLQuantizationType
+        try:
+            return GGMLQuantizationType(self.type_id).name
+        except ValueError:
+            return str(self.type_id)
+
+    @property
+    def nbytes(self) -> int | None:
+        """Bytes of the tensor's data; None when its type's size is unknown."""
+        t = ggml_type(self.type_id)
+        if t is None:
+            return None
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n // t[1] * t[2]
+
+
+# architectures with an MTP (DECODER_MTP) graph in the llama.cpp that llama-cpp-python
+# 0.3.36 vendors (src/models/*.cpp)
+MTP_ARCHITECTURES = frozenset({
+    "qwen35", "qwen35moe", "qwen3next", "glm4moe", "glm-dsa", "glm5-next", "deepseek2", "deepseek32", "deepseek4",
+    "mimo2", "step35", "hy_v3", "cohere2moe", "bailingmoe3", "nemotron_h_moe"})
+
+
+@dataclass
+class GGUFHeader:
+    version: int
+    metadata: dict[str, Any]
+    tensors: list[TensorInfo]
+    data_offset: int
+    bytes_read: int = 0
+    path: str | None = None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+    @property
+    def architecture(self) -> str:
+        return str(self.metadata.get("general.architecture", "unknown"))
+
+    def arch_key(self, suffix: str, default: Any = None) -> Any:
+        return self.metadata.get(f"{self.architecture}.{suffix}", default)
+
+    @property
+    def mtp_layers(self) -> int:
+        """Multi-token-prediction (NextN) layers the file carries (0: converted without them)."""
+        return int(self.arch_key("nextn_predict_layers", 0) or 0)
+
+    @property
+    def mtp_usable(self) -> bool:
+        """MTP layers that this llama.cpp can draft with (an MTP graph for the architecture)."""
+        return self.mtp_layers > 0 and self.architecture in MTP_ARCHITECTURES
+
+    @property
+    def expected_size(self) -> int | None:
+        """Smallest file size that holds every tensor, or None if a type is unknown."""
+        end = 0
+        for t in self.tensors:
+            nb = t.nbytes
+            if nb is None:
+                return None
+            end = max(end, t.offset + nb)
+        return self.data_offset + end
+
+    @property
+    def n_params(self) -> int:
+        total = 0
+        for t in self.tensors:
+            n = 1
+            for d in t.shape:
+                n *= d
+            total += n
+        return total
+
+
+class _Reader:
+    """Buffered little-endian reader over a file object; counts bytes consumed."""
+
+    def __init__(self, f: BinaryIO, chunk: int = 1 << 20):
+        self.f = f
+        self.buf = b""
+        self.pos = 0  # position in buf
+        self.consumed = 0  # bytes consumed from the stream start
+        self.chunk = chunk
+
+    def read(self, n: int) -> bytes:
+        if self.pos + n > len(self.buf):
+            rest = self.buf[self.pos:]
+            need = n - len(rest)
+            more = self.f.read(max(need, self.chunk))
+            if more is None or len(more) < need:
+                raise EOFError
+            self.buf = rest + more
+            self.pos = 0
+        out = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        self.consumed += n
+        return out
+
+    def unpack(self, fmt: str) -> Any:
+        return struct.unpack(fmt, self.read(struct.calcsize(fmt)))[0]
+
+    def string(self) -> str:
+        n = self.unpack("<Q")
+        if n > 1 << 24:
+            raise ValueError(f"string of {n} bytes")
+        return self.read(n).decode("utf-8", errors="replace")
+
+    def value(self, vtype: int) -> Any:
+        if vtype in _SCALAR:
+            return self.unpack(_SCALAR[vtype])
+        if vtype == _STRING:
+            return self.string()
+        if vtype == _ARRAY:
+            etype = self.unpack("<I")
+            count = self.unpack("<Q")
+            if count > 1 << 28:
+                raise ValueError(f"array of {count} elements")
+            if etype in _NP:
+                dt = np.dtype(_NP[etype])
+                return np.frombuffer(self.read(count * dt.itemsize), dtype=dt)
+            if etype == _STRING:
+                # fast path for big token lists: read lengths and bytes from the buffer
+                out = []
+                for _ in range(count):
+                    out.append(self.string())
+                return out
+            return [self.value(etype) for _ in range(count)]
+        raise ValueError(f"unknown GGUF value type {vtype}")
+
+
+def read_header(f: BinaryIO, name: str = "<stream>") -> GGUFHeader:
+    """Parse a GGUF header from a binary stream positioned at the start of the file."""
+    r = _Reader(f)
+    try:
+        magic = r.read(4)
+        if magic != GGUF_MAGIC:
+            raise SpecliError(f"{name}: not a GGUF file (starts with {magic!r}, expected b'GGUF')")
+        version = r.unpack("<I")
+        if version not in (2, 3):
+            raise SpecliError(f"{name}: unsupported GGUF version {version}")
+        n_tensors = r.unpack("<Q")
+        n_kv = r.unpack("<Q")
+        if n_tensors > 1 << 20 or n_kv > 1 << 20:
+            raise SpecliError(f"{name}: corrupt GGUF header ({n_tensors} tensors, {n_kv} keys)")
+        meta: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = r.string()
+            vtype = r.unpack("<I")
+            meta[key] = r.value(vtype)
+        tensors = []
+        for _ in range(n_tensors):
+            tname = r.string()
+            n_dims = r.unpack("<I")
+            shape = tuple(r.unpack("<Q") for _ in range(n_dims))
+            ttype = r.unpack("<I")
+            off = r.unpack("<Q")
+            tensors.append(TensorInfo(tname, shape, ttype, off))
+    except EOFError:
+        raise SpecliError(f"{name}: truncated GGUF file (the header ends early); download it again") from None
+    except (ValueError, UnicodeDecodeError, struct.error) as e:
+        raise SpecliError(f"{name}: corrupt GGUF header ({e})") from None
+    align = int(meta.get("general.alignment", 32))
+    data_offset = (r.consumed + align - 1) // align * align
+    return GGUFHeader(version, meta, tensors, data_offset, bytes_read=r.consumed)
+
+
+def read_gguf(path: str | os.PathLike, check_size: bool = True) -> GGUFHeader:
+    """Read and validate a local GGUF file's header; raise SpecliError with one line on bad input.
+    Parsed once per file version (a 150k-token vocabulary takes a quarter of a second)."""
+    p = os.fspath(path)
+    if not os.path.exists(p):
+        raise SpecliError(f"model file not found: {p}")
+    if os.path.isdir(p):
+        raise SpecliError(f"model path is a directory, not a GGUF file: {p}")
+    st = os.stat(p)
+    return _read_gguf_cached(p, st.st_size, st.st_mtime_ns, check_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_gguf_cached(p: str, size: int, mtime_ns: int, check_size: bool) -> GGUFHeader:
+    try:
+        with open(p, "rb") as f:
+            h = read_header(io.BufferedReader(f, 1 << 20), name=p)
+    except OSError as e:
+        raise SpecliError(f"cannot read {p}: {e.strerror or e}") from None
+    h.path = p
+    if check_size:
+        exp = h.expected_size
+        size = os.path.getsize(p)
+        if exp is not None and size < exp:
+            raise SpecliError(
+                f"{p}: truncated GGUF file ({size:,} bytes, its tensors need {exp:,}); download it again")
+    return h
+
+
+@dataclass(frozen=True)
+class VocabInfo:
+    """What llama.cpp compares to decide whether two models can share drafted tokens."""
+
+    vocab_type: str
+    n_tokens: int
+    bos: int | None
+    eos: int | None
+    add_bos: bool | None
+    add_eos: bool | None
+    tokens: tuple[str, ...] = field(repr=False, default=())
+
+
+def vocab_from_header(h: GGUFHeader) -> VocabInfo:
+    model = str(h.get("tokenizer.ggml.model", "none"))
+    tokens = h.get("tokenizer.ggml.tokens", [])
+
+    def opt_int(k):
+        v = h.get(k)
+        return None if v is None else int(v)
+
+    def opt_bool(k):
+        v = h.get(k)
+        return None if v is None else bool(v)
+
+    return VocabInfo(
+        vocab_type=VOCAB_TYPES.get(model, model.upper()),
+        n_tokens=len(tokens),
+        bos=opt_int("tokenizer.ggml.bos_token_id"),
+        eos=opt_int("tokenizer.ggml.eos_token_id"),
+        add_bos=opt_bool("tokenizer.ggml.add_bos_token"),
+        add_eos=opt_bool("tokenizer.ggml.add_eos_token"),
+        tokens=tuple(tokens),
+    )

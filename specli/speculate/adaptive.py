@@ -1,0 +1,112 @@
+"""The adaptive policy: prompt lookup and/or a draft model under the cost-aware controller,
+the draft model's confidence calibrated per probability bin."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from specli.speculate.controller import (
+    Acceptance,
+    Controller,
+    lookup_key,
+    marginal_token_pays,
+)
+from specli.speculate.drafters import (
+    MODEL,
+    NONE,
+    Draft,
+    Drafter,
+    LookupDrafter,
+    ModelDrafter,
+    Source,
+)
+from specli.tokens import common_prefix
+
+CONFIDENCE_BINS = (0.3, 0.5, 0.7, 0.85, 0.95, 1.01)
+
+
+def confidence_bin(p: float) -> int:
+    for i, edge in enumerate(CONFIDENCE_BINS):
+        if p < edge:
+            return i
+    return len(CONFIDENCE_BINS) - 1
+
+
+class AdaptiveDrafter(Drafter):
+    """Prompt lookup and/or a draft model under one cost-aware controller.
+
+    The model drafter is a draft model or the target's own MTP layers (anything with
+    ``propose(context, max_len, keep_going)`` and a ``source``). Each step it asks the controller which source and how many tokens pay best, given the
+    measured verify costs and what each source's drafts have been worth so far; lookup is
+    tried first (free), the draft model drafts only when it beats both lookup and plain
+    decoding, and stops as soon as its next token no longer pays. Lookup is scored on its
+    whole proposal against what the target emitted, also on steps it did not draft or drafted
+    only part of (shadow accounting), so it is picked up again as soon as the text starts to
+    repeat, and short drafts that all pass still teach how far a copy goes on.
+    """
+
+    def __init__(self, controller: Controller, lookup: LookupDrafter | None = None,
+                 model: ModelDrafter | None = None):
+        # model: a ModelDrafter or anything drafting like one (the MTP drafter); whoever
+        # loaded it closes it (a session shares one across the drafters it makes)
+        if lookup is None and model is None:
+            raise ValueError("an adaptive drafter needs lookup, a draft model, or both")
+        self.ctl = controller
+        self.lookup = lookup
+        self.model = model
+        self.msource: Source = model.source if model is not None else MODEL
+        kind = self.msource.kind
+        self.name = ("hybrid" if lookup and kind == "model" else kind) if model is not None else "lookup"
+        self.bins = [Acceptance(first=min(e, 1.0), rest=min(e, 1.0)) for e in CONFIDENCE_BINS]
+        self._pending: tuple[Source, list[int]] | None = None  # lookup proposal not drafted
+        self.last = None  # the last Decision, for tests and stats
+
+    def propose(self, context: Sequence[int], max_len: int) -> Draft:
+        cands: dict[Source, int] = {}
+        look: list[int] = []
+        look_key = NONE
+        if self.lookup is not None:
+            d = self.lookup.propose(context, max_len)
+            if d.tokens:
+                look = d.tokens
+                match = int(d.confidence[0])
+                look_key = lookup_key(match)
+                # a copy is trusted about as far again as it has matched: a 2-token match that
+                # happens to recur cannot buy a 16-token block, a copy in sync can
+                cands[look_key] = min(len(look), 2 * match)
+        if self.model is not None:
+            cands[self.msource] = max_len
+        dec = self.ctl.decide(cands, k_cap=max_len)
+        self.last = dec
+        self._pending = (look_key, look) if look else None
+        if dec.k == 0:
+            return Draft([])
+        if dec.source.kind == "lookup":
+            return Draft(look[:dec.k], dec.source, d.confidence[:dec.k])
+        if dec.probe:
+            return self.model.propose(context, dec.k, p_min=0.0)
+        ctl = self.ctl
+        p_all = 1.0
+
+        def keep_going(i: int, p_top: float) -> bool:
+            nonlocal p_all
+            p_all *= self.bins[confidence_bin(p_top)].alpha
+            return i == 0 or marginal_token_pays(p_all, i, ctl.cost.verify, ctl.cost.draft_token, dec.rate)
+
+        return self.model.propose(context, max_len, keep_going, p_min=0.0)
+
+    def observe(self, draft: Draft, n_accepted: int, emitted: list[int], t_draft: float, t_verify: float) -> None:
+        ctl = self.ctl
+        k = len(draft.tokens)
+        ctl.cost.observe_verify(k, t_verify)
+        if draft.source == self.msource:
+            ctl.cost.observe_draft(k + 1, t_draft)
+            for i, c in enumerate(draft.confidence[: n_accepted + 1]):
+                self.bins[confidence_bin(c)].observe(1, 1 if i < n_accepted else 0)
+            if k:
+                ctl.observe(self.msource, k, n_accepted)
+        if self._pending:  # lookup is scored on its whole proposal, drafted or not
+            key, look = self._pending
+            agree = common_prefix(look, emitted)
+            ctl.observe(key, min(len(look), agree + 1, len(emitted)), agree)
+            self._pending = None

@@ -1,0 +1,154 @@
+"""Drafters propose the next few tokens; the target verifies them. One small contract,
+:class:`Drafter`: ``propose(context, max_len)`` returns a :class:`Draft` for the tokens after
+``context`` (every token so far, prompt and output); ``observe`` hears what the target kept;
+``close`` frees what the drafter holds. A drafter keeps its own state (a KV cache, an n-gram
+index) apart from the verify loop and brings it in line with the context it is handed.
+
+Adding a drafter means a class here (or beside it) and its registration in ``session``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from specli.engine import Context, ContextConfig, Model
+from specli.speculate.lookup import NgramIndex, Substitutions
+from specli.speculate.settings import DEFAULTS
+
+
+@dataclass(frozen=True)
+class Source:
+    """Which drafter made a draft: ``kind`` is "none", "lookup", "model" or "mtp"; lookup's
+    acceptance is learned per match-length ``bucket`` (see ``controller.lookup_key``)."""
+
+    kind: str
+    bucket: int = 0
+
+    @property
+    def free(self) -> bool:
+        """Drafting costs (almost) nothing: no model runs."""
+        return self.kind in ("none", "lookup")
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.bucket}" if self.bucket else self.kind
+
+
+NONE, LOOKUP, MODEL, MTP = Source("none"), Source("lookup"), Source("model"), Source("mtp")
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    source: Source = NONE
+    # per drafted token: the drafter's confidence (draft model: its top probability;
+    # lookup: the matched n-gram length), for the adaptive controller and the stats
+    confidence: list[float] = field(default_factory=list)
+
+
+class Drafter:
+    """The contract every drafter follows; ``observe`` and ``close`` do nothing by default."""
+
+    name = "none"
+
+    def propose(self, context: Sequence[int], max_len: int) -> Draft:
+        raise NotImplementedError
+
+    def observe(self, draft: Draft, n_accepted: int, emitted: list[int], t_draft: float, t_verify: float) -> None:
+        """After each step: the draft, how many of its tokens the target kept, the tokens the
+        step emitted (kept + the target's own), and the seconds drafting and verifying took."""
+
+    def close(self) -> None:
+        pass
+
+
+class NoDrafter(Drafter):
+    """Plain decoding through the same loop: the baseline."""
+
+    def propose(self, context: Sequence[int], max_len: int) -> Draft:
+        return Draft([])
+
+
+class LookupDrafter(Drafter):
+    """Prompt lookup: copy what followed the latest earlier occurrence of the context's last
+    n tokens, longest n first, with the token substitutions the answer has been making to what
+    it copies (``substitute``). A draft's confidence is the match length, followed back up to
+    ``MATCH_CAP`` tokens."""
+
+    name = "lookup"
+    MATCH_CAP = 32
+
+    def __init__(self, n_min: int = DEFAULTS.lookup_ngram[0], n_max: int = DEFAULTS.lookup_ngram[1],
+                 min_match: int = DEFAULTS.lookup_min_match, substitute: bool = True):
+        self.index = NgramIndex(n_min, n_max)
+        self.min_match = min_match
+        self.subs = Substitutions() if substitute else None
+
+    def propose(self, context: Sequence[int], max_len: int) -> Draft:
+        idx = self.index
+        if len(idx.tokens) > len(context) or idx.tokens != list(context[:len(idx.tokens)]):
+            idx.truncate(0)
+            if self.subs:
+                self.subs.reset()
+        if self.subs:
+            self.subs.learn(context)
+        idx.extend(context[len(idx.tokens):])
+        toks, n = idx.find(max_len, self.MATCH_CAP)
+        if n < self.min_match and self.subs and self.subs.map:  # a copy that substituted goes on
+            toks, n = idx.find(max_len, self.MATCH_CAP, self.subs.undo(context[-self.MATCH_CAP:]))
+        if n < self.min_match or max_len <= 0:
+            return Draft([], LOOKUP)
+        if self.subs:
+            toks = self.subs.apply(len(context), toks)
+        return Draft(toks, LOOKUP, [float(n)] * len(toks))
+
+
+class ModelDrafter(Drafter):
+    """A smaller model with the same tokenizer drafts greedily, stopping early when its top
+    probability falls below ``p_min`` (it is then unlikely to be accepted)."""
+
+    name = "model"
+    source = MODEL
+
+    def __init__(self, model: Model, cfg: ContextConfig, p_min: float = DEFAULTS.draft_p_min):
+        self.model = model
+        self.ctx = Context(model, cfg)
+        self.p_min = p_min
+
+    def propose(self, context: Sequence[int], max_len: int,
+                keep_going: Callable[[int, float], bool] | None = None, p_min: float | None = None) -> Draft:
+        """Draft up to ``max_len`` tokens greedily. Before adding token i (0-based) with top
+        probability p, stop if p < p_min (this call's, else the drafter's) or ``keep_going(i, p)``
+        says it no longer pays."""
+        p_min = self.p_min if p_min is None else p_min
+        if max_len <= 0:
+            return Draft([], MODEL)
+        ctx = self.ctx
+        if len(context) + max_len > ctx.n_ctx:
+            max_len = ctx.n_ctx - len(context)
+            if max_len <= 0:
+                return Draft([], MODEL)
+        kept = ctx.sync(context)
+        row = ctx.eval(list(context[kept:]))[0]
+        ctx.mark(across_decodes=True)  # a recurrent draft model rolls its drafts back to here
+        toks: list[int] = []
+        conf: list[float] = []
+        while True:
+            tok = int(row.argmax())
+            z = row - row[tok]
+            p_top = 1.0 / float(np.exp(z, dtype=np.float32).sum())
+            if toks and p_top < p_min:
+                break
+            if keep_going is not None and not keep_going(len(toks), p_top):
+                break
+            toks.append(tok)
+            conf.append(p_top)
+            if len(toks) >= max_len or self.model.is_eog(tok):
+                break
+            row = ctx.eval([tok])[0]
+        return Draft(toks, MODEL, conf)
+
+    def close(self) -> None:
+        self.ctx.close()

@@ -1,0 +1,26 @@
+"""The speculation settings: one record, one place for each default. The CLI, profiles,
+sessions, the loop, the controller and bench all take their defaults from :data:`DEFAULTS`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class SpecSettings:
+    draft_max: int = 16  # most tokens drafted per step
+    # the draft model stops when its top probability falls below this when drafting a fixed
+    # length (--fixed); the adaptive controller instead prices every further token
+    draft_p_min: float = 0.6
+    adaptive: bool = True  # cost-aware controller; False: always draft up to draft_max
+    hybrid: bool = True  # with a draft model (or MTP), also use prompt lookup when the context repeats
+    lookup_ngram: tuple[int, int] = (1, 8)  # n-gram sizes prompt lookup matches
+    lookup_min_match: int = 2  # shortest match lookup drafts from
+
+    @property
+    def model_p_min(self) -> float:
+        """The cut-off a model drafter uses under these settings."""
+        return self.draft_p_min if not self.adaptive else 0.0
+
+
+DEFAULTS = SpecSettings()

@@ -1,0 +1,99 @@
+"""One construction path: every command takes its defaults from one record and builds its
+models through the session (profile, hardware plan, drafters); bench reports where the
+models ran."""
+
+import inspect
+import json
+import os
+import stat
+import sys
+
+import pexpect
+from clihelp import specli
+
+from specli.cli import bench as bench_cli
+from specli.cli import chat as chat_cli
+from specli.cli import run as run_cli
+from specli.measure.bench import run_bench
+from specli.session import Options
+from specli.speculate.controller import Controller
+from specli.speculate.drafters import ModelDrafter
+from specli.speculate.loop import generate
+from specli.speculate.settings import DEFAULTS, SpecSettings
+
+
+def _default(fn, name):
+    d = inspect.signature(fn).parameters[name].default
+    return getattr(d, "default", d)  # a Typer option carries its default
+
+
+def test_one_record_of_defaults():
+    assert DEFAULTS == SpecSettings() and Options().spec == DEFAULTS
+    assert _default(generate, "draft_max") == DEFAULTS.draft_max
+    assert Controller(cost=None).k_max == DEFAULTS.draft_max
+    assert _default(ModelDrafter.__init__, "p_min") == DEFAULTS.draft_p_min
+    for cmd in (run_cli.run, chat_cli.chat, bench_cli.bench):
+        assert _default(cmd, "draft_max") == DEFAULTS.draft_max, cmd.__name__
+    assert _default(run_cli.run, "draft_p_min") == DEFAULTS.draft_p_min
+    assert "draft_max" not in inspect.signature(run_bench).parameters  # bench takes the session's
+
+
+def _fake_nvidia_smi(tmp_path):
+    exe = tmp_path / "nvidia-smi"
+    exe.write_text("#!/bin/sh\necho 'Fake GPU 9000, 24576, 20480'\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    return {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+
+
+def test_bench_uses_the_hardware_plan(tmp_path, tiny_target, tiny_draft):
+    suite = tmp_path / "s.yaml"
+    suite.write_text("prompts:\n  - id: one\n    text: Hello there\n")
+    env = _fake_nvidia_smi(tmp_path)
+    rc, out, err = specli("bench", "--target", tiny_target, "--draft", tiny_draft, "--suite", str(suite), "-n", "8",
+                          "--modes", "plain,hybrid", "--vram", "4GiB", "--json", env=env)
+    assert rc == 0, err
+    p = json.loads(out)["placement"]
+    # the plan puts both tiny models on the (pretended) GPU, as run would
+    assert p["budget_source"] == "--vram" and p["devices"] == ["Fake GPU 9000"]
+    assert p["target_gpu_layers"] == -1 and p["draft_gpu_layers"] == -1 and p["drafter"] == "model"
+    # the same plan run prints
+    rc, out, err = specli("run", "--target", tiny_target, "--draft", tiny_draft, "--vram", "4GiB", "--plan", env=env)
+    assert rc == 0 and "target layers on GPU: all; drafter: model (draft layers on GPU: all)" in out
+    # without a budget: CPU, and an explicit --gpu-layers wins over the plan
+    rc, out, err = specli("bench", "--target", tiny_target, "--draft", "lookup", "--suite", str(suite), "-n", "8",
+                          "--modes", "plain,lookup", "--gpu-layers", "1", "--json")
+    assert rc == 0, err
+    assert json.loads(out)["placement"]["target_gpu_layers"] == 1
+
+
+def test_chat_colours_follow_the_terminal_conventions(tiny_target):
+    def reply(env):
+        child = pexpect.spawn(sys.executable, ["-m", "specli", "chat", "--target", tiny_target, "--draft", "lookup",
+                                               "--show-drafts", "-n", "12"], env=env, encoding="utf-8",
+                              timeout=120, dimensions=(40, 200))
+        child.expect(">>> ")
+        banner = child.before
+        child.sendline("Hello")
+        child.expect(r"tok/s")
+        child.expect(">>> ")
+        child.sendeof()
+        child.expect(pexpect.EOF)
+        return banner
+
+    base = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+    assert "\x1b[" in reply({**base, "TERM": "xterm-256color"})  # a terminal: dim notes
+    assert "\x1b[" not in reply({**base, "TERM": "xterm-256color", "NO_COLOR": "1"})
+
+
+def test_a_profile_fills_only_the_options_not_typed(tmp_path, tiny_target):
+    prof = tmp_path / "pair.yaml"
+    prof.write_text(f"name: pair\ntarget: {tiny_target}\ndrafts: [lookup]\ndefaults:\n  draft_max: 5\n  ctx: 512\n")
+    rc, out, err = specli("run", "--profile", str(prof), "--prompt", "Hello", "-n", "4", "--raw", "--json")
+    assert rc == 0, err
+    s = json.loads(out)["settings"]
+    assert (s["draft_max"], s["ctx"]) == (5, 512)
+    rc, out, err = specli("run", "--profile", str(prof), "--prompt", "Hello", "-n", "4", "--raw", "--json",
+                          "--draft-max", "16", "--ctx", "1024")
+    assert rc == 0, err
+    s = json.loads(out)["settings"]
+    assert (s["draft_max"], s["ctx"]) == (16, 1024)  # typed, even where equal to the default
