@@ -59,7 +59,8 @@ def lib_run(sess: Session, prompt: str, n: int) -> dict:
             first = time.perf_counter()
         pieces.append(ch.text)
     t1 = time.perf_counter()
-    return {"text": "".join(pieces), "tokens": resp.stats.generated, "wall": t1 - t0, "ttft": (first or t1) - t0}
+    return {"text": "".join(pieces), "tokens": resp.stats.generated, "wall": t1 - t0, "ttft": (first or t1) - t0,
+            "loop": resp.stats.tokens_per_s}
 
 
 def server_run(sess: Session, client: openai.OpenAI, model: str, prompt: str, n: int) -> dict:
@@ -68,15 +69,15 @@ def server_run(sess: Session, client: openai.OpenAI, model: str, prompt: str, n:
     stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}],
                                             temperature=0, max_tokens=n, stream=True,
                                             stream_options={"include_usage": True})
-    first, pieces, tokens = None, [], 0
+    first, pieces, tokens, loop = None, [], 0, 0.0
     for ch in stream:
         if ch.choices and ch.choices[0].delta.content:
             first = first or time.perf_counter()
             pieces.append(ch.choices[0].delta.content)
         if ch.usage:
-            tokens = ch.usage.completion_tokens
+            tokens, loop = ch.usage.completion_tokens, ch.usage.model_extra["speculative"]["tokens_per_s"]
     t1 = time.perf_counter()
-    return {"text": "".join(pieces), "tokens": tokens, "wall": t1 - t0, "ttft": (first or t1) - t0}
+    return {"text": "".join(pieces), "tokens": tokens, "wall": t1 - t0, "ttft": (first or t1) - t0, "loop": loop}
 
 
 def concurrent(client: openai.OpenAI, model: str, prompts: list[str], n: int) -> dict:
@@ -116,6 +117,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="lib, server, server, lib rounds per prompt")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "docs", "serve-benchmark.md"))
     a = ap.parse_args()
+    load0 = os.getloadavg()[0]
     sess = Session(Options(target=a.target, draft=a.draft, profile=a.profile))
     for note in sess.opts.notes:
         print(note, file=sys.stderr)
@@ -143,6 +145,7 @@ def main() -> None:
                      f"tokens were in the cache): differs from character "
                      f"{first_diff(conc['answers'][i], refs[p])}: {conc['answers'][i]!r} vs {refs[p]!r}"
                      for i, p in enumerate(asked) if i in conc["answers"] and conc["answers"][i] != refs[p]]
+    conc["load"] = (load0, os.getloadavg()[0])
     report = markdown(sess, a, rows, conc)
     sess.close()
     with open(a.out, "w") as f:
@@ -188,20 +191,23 @@ def markdown(sess: Session, a, rows: list[dict], conc: dict) -> str:
         "run of each side (the one least disturbed by other jobs), median beside it.",
         "",
         "| prompt | library tok/s best (median) | server tok/s best (median) | ratio best (median) "
-        "| library TTFT s | server TTFT s | same text |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "| library TTFT s | server TTFT s | loop tok/s library / server | same text |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row, r, mr in zip(rows, ratios, med_ratios):
         lt = min(x["ttft"] for x in row["lib"])
         st = min(x["ttft"] for x in row["srv"])
         out.append(f"| {row['prompt'][:48]} | {best(row['lib']):.2f} ({statistics.median(rates(row['lib'])):.2f}) "
                    f"| {best(row['srv']):.2f} ({statistics.median(rates(row['srv'])):.2f}) | {r:.3f} ({mr:.3f}) "
-                   f"| {lt:.3f} | {st:.3f} | {'yes' if row['identical'] else 'NO'} |")
+                   f"| {lt:.3f} | {st:.3f} | {max(x['loop'] for x in row['lib']):.2f} / "
+                   f"{max(x['loop'] for x in row['srv']):.2f} | {'yes' if row['identical'] else 'NO'} |")
     out += [
         "",
         f"Server / library throughput (geometric mean over the prompts): **{ratio:.3f}x** from the best runs, "
         f"{med_ratio:.3f}x from the medians (target >= 0.95x). TTFT: the fastest run of each side, "
-        "request to first text.",
+        "request to first text. Loop tok/s: the decoding loop's own rate (first to last token, `Stats`), "
+        "best run of each side: where it differs as much as the end-to-end rate, the difference is the "
+        "machine, not the HTTP path.",
         "",
         f"## {a.clients} concurrent clients",
         "",
@@ -216,8 +222,10 @@ def markdown(sess: Session, a, rows: list[dict], conc: dict) -> str:
         f"- wall time {conc['wall']:.1f}s; latency per client {min(conc['latency'].values()):.1f}s (first served) "
         f"to {max(conc['latency'].values()):.1f}s (last)",
         "",
-        "The machine is shared and noisy (other jobs run beside the benchmark); the ratio comes from runs "
-        "interleaved in the same process, which cancels most of the drift but not all of it.",
+        f"The machine is shared and noisy: other jobs ran beside the benchmark (load average "
+        f"{conc['load'][0]:.1f} at the start, {conc['load'][1]:.1f} at the end, on {os.cpu_count()} cores). The "
+        "ratio comes from runs interleaved in the same process, which cancels most of the drift but not all "
+        "of it: single runs of the same prompt on the same side differ by more than the ratio's distance from 1.",
         "",
     ]
     return "\n".join(out)

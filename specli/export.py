@@ -16,20 +16,17 @@ from __future__ import annotations
 import json
 import os
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from specli.errors import SpecliError
 from specli.hardware import calibrate
 from specli.resolve import hub
 from specli.resolve.gguf_header import read_gguf
-from specli.speculate.controller import best_length
 
 ENGINES = ("llama-server", "vllm", "sglang", "lmstudio")
 DEFAULT_PORT = {"llama-server": 8080, "vllm": 8000, "sglang": 30000, "lmstudio": 1234}
-# acceptance assumed when turning measured costs into one fixed length (the same figure
-# calibrate.draft_on_cpu_pays plans with): a same-family draft is typically right 70-90% of the time
-TYPICAL_ACCEPTANCE = 0.8
+TYPICAL_ACCEPTANCE = calibrate.TYPICAL_ACCEPTANCE  # assumed when measured costs become one fixed length
 # with nothing measured: vLLM's and SGLang's documented examples draft 4-5 tokens; llama.cpp's own
 # default is 3. Longer drafts only pay where verifying a block costs little more than one token.
 DEFAULT_DRAFT_N = 5
@@ -44,8 +41,8 @@ class Pair:
     """What every engine's command is built from: the resolved pair and this machine's choices."""
 
     target_path: str
-    draft_path: str | None  # None: prompt lookup only
-    lookup: bool  # prompt lookup in play (alone, or hybrid with the draft model)
+    draft_path: str | None  # a draft model's file (None: MTP or prompt lookup)
+    lookup: bool  # prompt lookup in play (alone, or hybrid with the draft model or MTP)
     n_ctx: int
     target_gpu_layers: int  # -1: all
     draft_gpu_layers: int
@@ -58,6 +55,12 @@ class Pair:
     hf_target: str | None = None  # safetensors repos, for vLLM / SGLang
     hf_draft: str | None = None
     notes: list[str] = field(default_factory=list)  # comment lines for the output
+    mtp: bool = False  # the target drafts for itself through its multi-token-prediction layers
+
+    @property
+    def drafts(self) -> bool:
+        """A drafter that costs a forward pass per token: a draft model or the MTP layers."""
+        return bool(self.draft_path) or self.mtp
 
 
 @dataclass
@@ -75,25 +78,14 @@ class Export:
         return "\n".join(lines) + "\n"
 
 
-def measured_length(target_path: str, draft_path: str | None, target_gpu_layers: int, draft_gpu_layers: int,
-                    threads: int, n_batch: int, k_max: int) -> int | None:
-    """The draft length with the best expected tokens/s from this machine's cached
-    calibration for these files and this placement (0: drafting does not pay); None when
-    specli has not measured them here. ``draft_path`` None prices prompt lookup (free drafts)."""
-    cache = calibrate._load()
-    verify = cache.get("verify:" + calibrate._ident(target_path, target_gpu_layers, threads, n_batch, k_max))
-    dcost = cache.get("draft:" + calibrate._ident(draft_path, draft_gpu_layers, threads, n_batch, 0)) \
-        if draft_path else 0.0
-    if not isinstance(verify, list) or len(verify) != k_max + 1 or not isinstance(dcost, (int, float)):
-        return None
-    a = TYPICAL_ACCEPTANCE
-    return best_length(a, [float(x) for x in verify], float(dcost), k_max, float(dcost), a)[0]
+def _tokens(n: int) -> str:
+    return f"{n} token" + ("s" if n != 1 else "")
 
 
 def _length(measured: int | None, what: str, notes: list[str]) -> int:
     if measured is None:
         notes.append(f"{what}: no cost measurement for this pair and placement on this machine yet; "
-                     f"using specli's default of {DEFAULT_DRAFT_N} tokens (run `specli run` with the same "
+                     f"using specli's default of {_tokens(DEFAULT_DRAFT_N)} (run `specli run` with the same "
                      "options once to measure, then export again)")
         return DEFAULT_DRAFT_N
     if measured == 0:
@@ -101,7 +93,7 @@ def _length(measured: int | None, what: str, notes: list[str]) -> int:
                      f"{TYPICAL_ACCEPTANCE:.0%} acceptance (best length 0); drafting 1 token, the least an "
                      "engine takes. Plain decoding may be faster here.")
         return 1
-    notes.append(f"{what}: {measured} tokens per step, the best length for this machine's measured verify "
+    notes.append(f"{what}: {_tokens(measured)} per step, the best length for this machine's measured verify "
                  f"and draft costs at {TYPICAL_ACCEPTANCE:.0%} acceptance")
     return measured
 
@@ -118,35 +110,36 @@ def pair_for(opts, progress: Callable[[str], None] | None = None, hf_target: str
              hf_draft: str | None = None) -> Pair:
     """Resolve the pair as ``specli run`` would (downloading what is not cached, as ``--plan``
     does), plan its placement, and choose the draft lengths from this machine's measurements."""
-    from specli.session import choose_models, plan_for
+    from specli.session import choose_models, gpu_layers, plan_for
 
     if opts.draft == "none":
         raise SpecliError("--draft none is plain decoding: nothing to export (name a draft model, "
                           "'lookup' or 'auto')")
     given_target, given_draft = opts.target, opts.draft
     tpath, dpath, prof = choose_models(opts, progress)
+    mtp = opts.drafter == "mtp"
     plan, _, n_ctx = plan_for(opts, tpath, dpath)
     notes = [f"placement: {plan.summary}"]
     if dpath and plan.draft == "lookup":
         notes.append("the GPU cannot hold both models, so specli would draft with prompt lookup: exported that way")
         dpath = None
-    tngl = plan.target_gpu_layers if opts.gpu_layers is None else opts.gpu_layers
-    dngl = opts.draft_gpu_layers if opts.draft_gpu_layers is not None else \
-        (plan.draft_gpu_layers if opts.gpu_layers is None else opts.gpu_layers)
+    tngl, dngl = gpu_layers(opts, plan)
     s = opts.spec
-    lookup = dpath is None or s.hybrid
+    lookup = not (dpath or mtp) or s.hybrid
     threads = opts.threads or os.cpu_count() or 1
     n_batch = min(512, n_ctx)
-    draft_n = _length(measured_length(tpath, dpath, tngl, dngl, threads, n_batch, s.draft_max),
-                      "draft length", notes) if dpath else 0
-    lookup_n = _length(measured_length(tpath, None, tngl, 0, threads, n_batch, s.draft_max),
+    drafter = ("draft", dpath, dngl or 0) if dpath else ("mtp", tpath, tngl) if mtp else None
+    draft_n = _length(calibrate.measured_length(tpath, tngl, threads, n_batch, s.draft_max, drafter),
+                      "MTP draft length" if mtp else "draft length", notes) if drafter else 0
+    lookup_n = _length(calibrate.measured_length(tpath, tngl, threads, n_batch, s.draft_max),
                        "prompt-lookup length", notes) if lookup else 0
     tspec = prof.target.sources if prof and not opts.target else (given_target,)
-    dspec = prof.drafts[0].sources if given_draft == "auto" and prof and prof.drafts else (given_draft,)
+    auto_model = given_draft == "auto" and prof and prof.draft_models  # the profile's draft: _auto_draft's pick
+    dspec = prof.draft_models[0].sources if auto_model else (given_draft,)
     return Pair(tpath, dpath, lookup, n_ctx, tngl, dngl, draft_n, lookup_n, s.draft_p_min, opts.threads,
                 _hub_of(tspec), _hub_of(dspec) if dpath else None,
                 hf_target or (prof.hf_target if prof else None),
-                hf_draft or (prof.hf_draft if prof and dpath and given_draft == "auto" else None), notes)
+                hf_draft or (prof.hf_draft if auto_model and dpath else None), notes, mtp)
 
 
 # -- llama.cpp's llama-server ----------------------------------------------------------------
@@ -177,18 +170,21 @@ def llama_server(p: Pair, port: int, use_hub: bool = False) -> Export:
     if p.draft_path:
         cmd += _model_args(p.draft_path, p.draft_hub, use_hub, ("-md", "-hfd"))
         types.append("draft-simple")
+    elif p.mtp:
+        types.append("draft-mtp")  # the target's own MTP layers: no second file
     cmd += ["-c", str(p.n_ctx), "-ngl", _layers(p.target_gpu_layers)]
     cmd += ["--spec-type", ",".join(types)]
     if p.draft_path:
-        cmd += ["--spec-draft-ngl", _layers(p.draft_gpu_layers), "--spec-draft-n-max", str(p.draft_n),
-                "--spec-draft-p-min", f"{p.p_min:g}"]
+        cmd += ["--spec-draft-ngl", _layers(p.draft_gpu_layers)]
+    if p.drafts:
+        cmd += ["--spec-draft-n-max", str(p.draft_n), "--spec-draft-p-min", f"{p.p_min:g}"]
     if p.lookup:
         cmd += ["--spec-ngram-simple-size-n", str(LOOKUP_MATCH), "--spec-ngram-simple-size-m", str(p.lookup_n)]
     if p.threads:
         cmd += ["-t", str(p.threads)]
     cmd += ["--host", "127.0.0.1", "--port", str(port)]
     notes = list(p.notes)
-    if p.draft_path:
+    if p.drafts:
         notes.append(f"--spec-draft-p-min {p.p_min:g}: the draft stops early when unsure, llama.cpp's nearest "
                      "thing to specli's per-step length choice")
     notes.append("several GPUs: add --split-mode layer --tensor-split 1,1 (llama.cpp splits layers; it has no "
@@ -210,13 +206,13 @@ def _need_hf(p: Pair, engine: str, flag_hint: str) -> None:
 
 
 def _placement_notes(p: Pair, engine: str) -> list[str]:
-    notes = [n for n in p.notes if not n.startswith("prompt-lookup") or not p.draft_path]
+    notes = [n for n in p.notes if not n.startswith("prompt-lookup") or not p.drafts]
     if p.target_gpu_layers >= 0:
         notes.append(f"{engine} keeps the whole model on the GPU; the plan above does not fit it there "
                      "(only part of the target fits, or there is no GPU)")
-    if p.draft_path and p.lookup:
-        notes.append(f"{engine} cannot combine a draft model with prompt lookup (specli's hybrid): "
-                     "exporting the draft model alone")
+    if p.drafts and p.lookup:
+        notes.append(f"{engine} cannot combine a draft model or MTP with prompt lookup (specli's hybrid): "
+                     f"exporting the {'MTP layers' if p.mtp else 'draft model'} alone")
     return notes
 
 
@@ -225,6 +221,8 @@ def vllm(p: Pair, port: int) -> Export:
     _need_hf(p, "vLLM", "")
     if p.draft_path:
         spec = {"method": "draft_model", "model": p.hf_draft, "num_speculative_tokens": p.draft_n}
+    elif p.mtp:
+        spec = {"method": "mtp", "num_speculative_tokens": p.draft_n}
     else:
         spec = {"method": "ngram", "num_speculative_tokens": p.lookup_n,
                 "prompt_lookup_min": LOOKUP_MATCH, "prompt_lookup_max": max(LOOKUP_MATCH, 8)}
@@ -242,9 +240,11 @@ def sglang(p: Pair, port: int) -> Export:
     _need_hf(p, "SGLang", "")
     cmd = ["python3", "-m", "sglang.launch_server", "--model-path", p.hf_target, "--context-length", str(p.n_ctx),
            "--host", "127.0.0.1", "--port", str(port)]
-    if p.draft_path:
-        cmd += ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", p.hf_draft,
-                "--speculative-num-steps", str(p.draft_n), "--speculative-eagle-topk", "1",
+    if p.drafts:
+        # a chain of draft_n tokens; SGLang runs MTP layers through its EAGLE worker
+        cmd += ["--speculative-algorithm", "STANDALONE" if p.draft_path else "EAGLE"]
+        cmd += ["--speculative-draft-model-path", p.hf_draft] if p.draft_path else []
+        cmd += ["--speculative-num-steps", str(p.draft_n), "--speculative-eagle-topk", "1",
                 "--speculative-num-draft-tokens", str(p.draft_n + 1)]
     else:
         cmd += ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(p.lookup_n),
@@ -252,7 +252,7 @@ def sglang(p: Pair, port: int) -> Export:
                 "--speculative-ngram-max-match-window-size", str(max(LOOKUP_MATCH, 8))]
     notes = _placement_notes(p, "SGLang")
     notes.append("several GPUs: add --tp 2 (tensor parallelism)")
-    if not p.draft_path:
+    if not p.drafts:
         notes.append("SGLang's NGRAM speculation runs on CUDA only")
     return Export("sglang", [cmd], notes)
 
@@ -272,7 +272,7 @@ def lmstudio(p: Pair, port: int) -> Export:
     """``lms`` commands to import and load the pair and start the server, and the request body
     that turns speculation on: ``lms`` has no draft-model flag."""
     if not p.draft_path:
-        raise SpecliError("LM Studio speculates only with a draft model (it has no prompt lookup): "
+        raise SpecliError("LM Studio speculates only with a draft model (no prompt lookup, no MTP): "
                           "name a draft with --draft REF")
     tkey = "specli-target"
     dkey = os.path.splitext(os.path.basename(p.draft_path))[0].lower()
@@ -283,14 +283,14 @@ def lmstudio(p: Pair, port: int) -> Export:
              "--identifier", tkey],
             ["lms", "server", "start", "--port", str(port)]]
     notes = [n for n in p.notes if not n.startswith("prompt-lookup")]
-    notes += ["LM Studio's lms CLI has no draft-model flag (lms load takes --gpu, --context-length, --ttl, "
-              "--identifier): the draft is chosen per request with \"draft_model\" (LM Studio >= 0.3.10), or "
-              "in the app: Power User mode, chat sidebar, Speculative Decoding, Draft Model",
+    notes += [("LM Studio's lms CLI has no draft-model flag (lms load takes --gpu, --context-length, --ttl, "
+               "--identifier): the draft is chosen per request with \"draft_model\" (LM Studio >= 0.3.10), or "
+               "in the app: Power User mode, chat sidebar, Speculative Decoding, Draft Model"),
               f"model keys are as `lms ls` lists them after the import ({dkey} assumed for the draft)",
-              f"LM Studio sets the draft length itself; specli's measured choice here is {p.draft_n} tokens",
-              "request body for POST /v1/chat/completions:"]
+              f"LM Studio sets the draft length itself; specli's choice here is {_tokens(p.draft_n)}"]
     body = {"model": tkey, "draft_model": dkey, "messages": [{"role": "user", "content": "Hello"}]}
-    return Export("lmstudio", cmds, notes, json.dumps(body, indent=2))
+    return Export("lmstudio", cmds, notes,
+                  "# request body for POST /v1/chat/completions:\n" + json.dumps(body, indent=2))
 
 
 def export(opts, engine: str, port: int | None = None, use_hub: bool = False, hf_target: str | None = None,

@@ -14,7 +14,7 @@ from specli.hardware.devices import Hardware, detect
 from specli.hardware.plan import Plan, make_plan, memory_from_header
 from specli.prompt import build_prompt
 from specli.resolve import hub, models, profiles, vocab
-from specli.resolve.gguf_header import read_gguf, vocab_from_header
+from specli.resolve.gguf_header import MTP_ARCHITECTURES, read_gguf, vocab_from_header
 from specli.resolve.profiles import ModelSpec, Profile
 from specli.speculate.adaptive import AdaptiveDrafter
 from specli.speculate.controller import Controller, CostModel
@@ -62,6 +62,14 @@ def plan_for(opts: Options, target_path: str, draft_path: str | None) -> tuple[P
                      hw.budget, n_ctx, hw.can_offload or hw.budget_source != "detected", bool(pays),
                      wants_draft=wants)
     return plan, hw, n_ctx
+
+
+def gpu_layers(opts: Options, plan: Plan) -> tuple[int, int]:
+    """(target, draft) layers on the GPU: what the user typed, else the plan's."""
+    target = plan.target_gpu_layers if opts.gpu_layers is None else opts.gpu_layers
+    if opts.draft_gpu_layers is not None:
+        return target, opts.draft_gpu_layers
+    return target, plan.draft_gpu_layers if opts.gpu_layers is None else opts.gpu_layers
 
 
 def apply_profile_defaults(opts: Options, prof: Profile | None) -> None:
@@ -124,7 +132,7 @@ def _auto_draft(tspec: ModelSpec, prof: Profile | None, notes: list[str]) -> tup
     if th.mtp_usable:
         notes.append(f"--draft auto: the target's own MTP layers ({th.mtp_layers}), with prompt lookup")
         return "mtp", None
-    if th.mtp_layers or (prof and prof.wants_mtp):
+    if th.mtp_layers or (prof and prof.wants_mtp) or th.architecture in MTP_ARCHITECTURES:
         notes.append(f"note: {_no_mtp(os.path.basename(tspec.ref), th)}; looking for a draft model instead")
     if prof and prof.draft_models:
         dspec = prof.draft_models[0]
@@ -178,11 +186,7 @@ class Session:
         if draft_path and self.plan.draft == "lookup":
             draft_path = None  # the GPU cannot hold both: the plan falls back to prompt lookup
         self.draft_path = draft_path
-        self.target_gpu_layers = self.plan.target_gpu_layers if opts.gpu_layers is None else opts.gpu_layers
-        if opts.draft_gpu_layers is not None:
-            self.draft_gpu_layers = opts.draft_gpu_layers
-        else:
-            self.draft_gpu_layers = self.plan.draft_gpu_layers if opts.gpu_layers is None else opts.gpu_layers
+        self.target_gpu_layers, self.draft_gpu_layers = gpu_layers(opts, self.plan)
         self.target = Model(target_path, n_gpu_layers=self.target_gpu_layers, load_mtp=opts.drafter == "mtp")
         n_ctx = min(opts.n_ctx, self.target.n_ctx_train) if opts.n_ctx > 0 else self.target.n_ctx_train
         # hybrid/recurrent targets keep draft_max recurrent-state snapshots where llama.cpp can

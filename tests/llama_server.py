@@ -116,7 +116,7 @@ def build(ver: str | None = None, jobs: int = 2) -> Path:
                 ["cmake", "-S", str(tree), "-B", str(build_dir), *CMAKE_FLAGS],
                 ["cmake", "--build", str(build_dir), "--target", "llama-server", "-j", str(jobs)],
             ):
-                if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode:
+                if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False).returncode:
                     tail = log.read_text(errors="replace")[-3000:]
                     raise RuntimeError(f"llama-server build failed ({' '.join(cmd)}):\n{tail}")
         (built,) = build_dir.glob("bin/llama-server")

@@ -2,11 +2,11 @@
 
 import json
 
+import numpy as np
 import pytest
 
 import specli.engine as engine
 from specli.engine import Context, ContextConfig, Model
-from specli.errors import SpecliError
 from specli.hardware import calibrate
 
 
@@ -45,24 +45,22 @@ def test_interpolation_between_measured_points():
     assert calibrate.interpolate(pts, 7) == [1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0]
 
 
-def test_rollback_refused_by_the_model_memory(tiny_target, monkeypatch):
+def test_rollback_refused_by_the_model_memory_decodes_the_prefix_again(tiny_target, monkeypatch):
+    """A memory that cannot drop a partial sequence (and no checkpoint to go back to): the kept
+    prefix is decoded again, and the cache ends exactly as a clean one (hybrid and recurrent
+    models: tests/test_hybrid.py)."""
     m = Model(tiny_target)
-    ctx = Context(m, ContextConfig(n_ctx=512))
-    ctx.eval(m.tokenize("one two three four"))
+    cfg = ContextConfig(n_ctx=512, f32_kv=True)
+    ctx = Context(m, cfg)
+    toks = m.tokenize("one two three four")
+    ctx.eval(toks)
     monkeypatch.setattr(engine.L, "llama_memory_seq_rm", lambda *a: False)
-    with pytest.raises(SpecliError, match="cannot drop a partial sequence .* run it with --draft none"):
-        ctx.rollback(2)
-
-
-def test_recurrent_models_decode_plainly_and_say_so(tiny_target, tiny_draft, monkeypatch):
-    from specli.session import Options, Session
-    from specli.speculate.drafters import NoDrafter
-
-    monkeypatch.setattr(engine.L, "llama_model_is_recurrent", lambda model: True)
-    sess = Session(Options(target=tiny_target, draft=tiny_draft))
-    assert isinstance(sess.drafter, NoDrafter)
-    assert any("recurrent/hybrid model" in n and "decoding plainly" in n for n in sess.opts.notes)
-    sess.close()
+    ctx.rollback(2)
+    assert ctx.tokens == toks[:2] and ctx.n_restored == 1 and ctx.n_replayed == 2
+    monkeypatch.undo()
+    got = ctx.eval([toks[3]])[0].copy()
+    clean = Context(m, cfg)
+    np.testing.assert_allclose(got, clean.eval(toks[:2] + [toks[3]])[0], atol=1e-4)
 
 
 def test_draft_on_cpu_pays_only_from_measurements(cache, tiny_target, tiny_draft):

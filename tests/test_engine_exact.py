@@ -1,7 +1,6 @@
 """Speculative output is token-for-token the target's own, on tiny f32 models with an f32 KV
 cache (batch shapes move their logits by < 1e-5, so any difference is a bug)."""
 
-import math
 from collections import Counter
 
 import numpy as np
@@ -9,7 +8,7 @@ import pytest
 from test_verify import chi2_critical, chi2_stat
 
 from specli.engine import Context, ContextConfig, Model
-from specli.errors import PromptTooLong, SpecliError
+from specli.errors import PromptTooLong
 from specli.speculate.drafters import LookupDrafter, ModelDrafter, NoDrafter
 from specli.speculate.loop import generate
 from specli.speculate.verify import SamplingParams, probs_from_logits

@@ -119,6 +119,23 @@ def test_llama_server_hub_references():
     assert value(argv(ex.llama_server(pair(), 8080, use_hub=True)), "-m") == "/m/target.gguf"
 
 
+def test_mtp_exports(vendored):
+    accepted, _, spec_types = vendored
+    p = pair(draft_path=None, mtp=True, hf_target="org/t")
+    cmd = argv(ex.llama_server(p, 8080))
+    assert value(cmd, "--spec-type") == "ngram-simple,draft-mtp" and "-md" not in cmd
+    assert value(cmd, "--spec-draft-n-max") == "6" and "--spec-draft-ngl" not in cmd
+    assert all(f in accepted for f in cmd[1:] if f.startswith("-"))
+    assert set(value(cmd, "--spec-type").split(",")) <= spec_types
+    assert json.loads(value(argv(ex.vllm(p, 8000)), "--speculative-config")) == {
+        "method": "mtp", "num_speculative_tokens": 6}
+    sg = argv(ex.sglang(p, 30000))
+    assert value(sg, "--speculative-algorithm") == "EAGLE" and "--speculative-draft-model-path" not in sg
+    assert value(sg, "--speculative-num-draft-tokens") == "7"
+    with pytest.raises(SpecliError, match="no MTP"):
+        ex.lmstudio(p, 1234)
+
+
 def test_render_is_comments_then_one_shell_line():
     e = ex.llama_server(pair(target_path="/m/with space.gguf"), 8080)
     lines = e.render().splitlines()
@@ -174,7 +191,8 @@ def test_profiles_name_the_pair_as_safetensors(monkeypatch, tmp_path):
 
     monkeypatch.setenv("SPECLI_CONFIG_DIR", str(tmp_path))
     shipped = profiles.load_all()
-    assert all(p.hf_target and p.hf_draft for p in shipped.values())
+    # every shipped pair with a draft model (vLLM and SGLang cannot load a GGUF draft)
+    assert all(p.hf_target and p.hf_draft for p in shipped.values() if p.draft_models)
     assert (shipped["default"].hf_target, shipped["default"].hf_draft) == (
         "Qwen/Qwen2.5-Coder-1.5B-Instruct", "Qwen/Qwen2.5-Coder-0.5B-Instruct")
     p = profiles.parse_profile("name: x\ntarget: a.gguf\nhf_target: org/t\n", "x.yaml")
@@ -189,7 +207,9 @@ def test_lmstudio_commands_and_request_body():
     load = e.commands[2]
     assert value(load, "--gpu") == "off" and value(load, "--context-length") == "4096"
     assert value(e.commands[3], "--port") == "1234"
-    body = json.loads(e.config)
+    label, _, text = e.config.partition("\n")
+    assert label.startswith("# request body")
+    body = json.loads(text)
     assert body["model"] == value(load, "--identifier") and body["draft_model"] == "draft"
     assert any("no draft-model flag" in c for c in e.comments)
     with pytest.raises(SpecliError, match="draft model"):
@@ -202,17 +222,23 @@ def test_measured_length_uses_this_machines_calibration(tiny_target, tiny_draft,
     from specli.hardware import calibrate
 
     monkeypatch.setenv("SPECLI_CACHE", str(tmp_path))
-    assert ex.measured_length(tiny_target, tiny_draft, 0, 0, 2, 512, 8) is None
+    model = ("draft", tiny_draft, 0)
+    assert calibrate.measured_length(tiny_target, 0, 2, 512, 8, model) is None
     verify = [0.010, 0.012, 0.013, 0.014, 0.015, 0.016, 0.018, 0.020, 0.022]  # a GPU-like flat curve
     calibrate._store("verify:" + calibrate._ident(tiny_target, 0, 2, 512, 8), verify)
-    assert ex.measured_length(tiny_target, tiny_draft, 0, 0, 2, 512, 8) is None  # draft cost not measured
+    assert calibrate.measured_length(tiny_target, 0, 2, 512, 8, model) is None  # draft cost not measured
     calibrate._store("draft:" + calibrate._ident(tiny_draft, 0, 2, 512, 0), 0.001)
-    k = ex.measured_length(tiny_target, tiny_draft, 0, 0, 2, 512, 8)
+    k = calibrate.measured_length(tiny_target, 0, 2, 512, 8, model)
     assert k == best_length(0.8, verify, 0.001, 8, 0.001, 0.8)[0] and k > 1
-    assert ex.measured_length(tiny_target, None, 0, 0, 2, 512, 8) == best_length(0.8, verify, 0.0, 8)[0]
+    assert calibrate.measured_length(tiny_target, 0, 2, 512, 8) == best_length(0.8, verify, 0.0, 8)[0]  # lookup
+    # MTP layers are priced under their own key, on the target's file
+    assert calibrate.measured_length(tiny_target, 0, 2, 512, 8, ("mtp", tiny_target, 0)) is None
+    calibrate._store("mtp:" + calibrate._ident(tiny_target, 0, 2, 512, 0), 0.004)
+    assert calibrate.measured_length(tiny_target, 0, 2, 512, 8, ("mtp", tiny_target, 0)) == \
+        best_length(0.8, verify, 0.004, 8, 0.004, 0.8)[0]
     # a CPU-like curve where verifying costs as much as generating: nothing pays
     calibrate._store("verify:" + calibrate._ident(tiny_target, 0, 2, 512, 8), [0.01 * (k + 1) for k in range(9)])
-    assert ex.measured_length(tiny_target, tiny_draft, 0, 0, 2, 512, 8) == 0
+    assert calibrate.measured_length(tiny_target, 0, 2, 512, 8, model) == 0
 
 
 def test_cli_export_tiny_pair(tiny_target, tiny_draft, tmp_path):

@@ -9,6 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 from clihelp import specli
+from conftest import TEST_CACHE
 from test_engine_exact import exact_joint
 from test_verify import chi2_critical, chi2_stat
 from tiny2026 import tiny_2026_model
@@ -20,8 +21,6 @@ from specli.speculate.drafters import LookupDrafter, ModelDrafter, NoDrafter
 from specli.speculate.loop import generate
 from specli.speculate.mtp import MTPDrafter
 from specli.speculate.verify import SamplingParams
-
-from conftest import TEST_CACHE
 
 PROMPTS = ["Once upon a time", "def fibonacci(n):", "The capital of France is", "1, 2, 3, 4, 5,"]
 SNAPSHOTS, CHECKPOINTS = 6, 0  # n_rs_seq: snapshots where the architecture has them; 0: checkpoints
@@ -215,6 +214,7 @@ def test_cli_draft_auto_picks_mtp_and_says_so(tiny26, tmp_path):
     assert rc != 0 and err.count("\n") == 1 and "has no MTP layers" in err
     none, err = _cli(tiny26("qwen35"), "auto", env, PROMPTS[0])
     assert "using prompt lookup" in err and none["stats"]["mode"] == "lookup"
+    assert "has no MTP layers (qwen35.nextn_predict_layers is absent: converted without its MTP block)" in err
 
 
 def test_cli_lookup_on_a_hybrid_target(tiny26, tmp_path):
@@ -228,3 +228,25 @@ def test_cli_lookup_on_a_hybrid_target(tiny26, tmp_path):
     st = look["stats"]
     assert st["mode"] == "lookup" and st["drafted"] > 0 and st["accepted"] > 0
     assert look["tokens"] == plain["tokens"]
+
+
+def test_check_plan_doctor_and_bench_know_mtp(tiny26, tmp_path):
+    env, path = _env(tmp_path), tiny26("qwen35-mtp-partial")
+    rc, out, err = specli("check", path, env=env)
+    assert rc == 0 and "target: architecture qwen35, MTP layers 1 (--draft mtp drafts with them)" in out
+    rc, out, err = specli("check", tiny26("qwen35"), env=env)
+    assert rc == 0 and "MTP layers none" in out
+    rc, out, err = specli("run", "--target", path, "--plan", env=env)
+    assert rc == 0 and "MTP layers: 1" in out and "drafter: mtp" in out
+    rc, out, err = specli("doctor", env=env)
+    assert rc == 0 and "MTP self-speculation (models with MTP layers, --draft mtp): yes" in out
+    suite = tmp_path / "s.yaml"
+    suite.write_text("prompts:\n  - id: one\n    text: Once upon a time\n  - id: two\n    text: def fibonacci(n)\n")
+    rc, out, err = specli("bench", "--target", path, "--suite", str(suite), "-n", "16", "-t", "2",
+                          "--modes", "plain,mtp-fixed,lookup", "--json", env=env)
+    assert rc == 0, err
+    modes = json.loads(out)["modes"]
+    assert set(modes) == {"plain", "lookup", "mtp-fixed"}
+    fixed = modes["mtp-fixed"]
+    assert fixed["drafted"] > 0 and 0 < fixed["accepted"] < fixed["drafted"]
+    assert set(fixed["lossless"].values()) <= {"identical"} or all("near-tie" in v for v in fixed["lossless"].values())

@@ -26,17 +26,13 @@ does inline; ``tinymodels`` could reuse them.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
 from pathlib import Path
 
 import numpy as np
-from tinymodels import (  # read_gguf: specli's fast GGUF header reader
-    TOKENIZER_KEYS,
-    read_gguf,
-)
+from tinymodels import add_tokenizer, read_tokenizer
 
 KINDS = ("qwen35-mtp-full", "qwen35-mtp-partial", "qwen35", "mamba")
 
@@ -46,36 +42,6 @@ _VERSION = 5
 
 # --------------------------------------------------------------------------- tokenizer
 
-@functools.lru_cache(maxsize=4)
-def read_tokenizer(tokenizer_gguf: str) -> dict:
-    """The ``TOKENIZER_KEYS`` of a GGUF file (lists / arrays for array keys)."""
-    meta = read_gguf(tokenizer_gguf).metadata
-    return {k: meta[k] for k in TOKENIZER_KEYS if k in meta}
-
-
-def add_tokenizer(wr, tok: dict, tokens: list[str] | None = None) -> int:
-    """Write the tokenizer keys of ``tok`` (from ``read_tokenizer``) to a ``gguf.GGUFWriter``.
-
-    Returns the vocabulary size. ``tokens`` overrides the token texts (same length)."""
-    tokens = list(tok["tokenizer.ggml.tokens"]) if tokens is None else list(tokens)
-    wr.add_tokenizer_model(tok["tokenizer.ggml.model"])
-    if "tokenizer.ggml.pre" in tok:
-        wr.add_tokenizer_pre(tok["tokenizer.ggml.pre"])
-    wr.add_token_list(tokens)
-    wr.add_token_types([int(x) for x in tok["tokenizer.ggml.token_type"]])
-    if "tokenizer.ggml.merges" in tok:
-        wr.add_token_merges(list(tok["tokenizer.ggml.merges"]))
-    for key, fn in (("bos_token_id", wr.add_bos_token_id), ("eos_token_id", wr.add_eos_token_id),
-                    ("unknown_token_id", wr.add_unk_token_id), ("padding_token_id", wr.add_pad_token_id)):
-        if "tokenizer.ggml." + key in tok:
-            fn(int(tok["tokenizer.ggml." + key]))
-    if "tokenizer.ggml.add_bos_token" in tok:
-        wr.add_add_bos_token(bool(tok["tokenizer.ggml.add_bos_token"]))
-    if "tokenizer.ggml.add_space_prefix" in tok:
-        wr.add_add_space_prefix(bool(tok["tokenizer.ggml.add_space_prefix"]))
-    if "tokenizer.chat_template" in tok:
-        wr.add_chat_template(tok["tokenizer.chat_template"])
-    return len(tokens)
 
 
 def _write(out: Path, arch: str, tok: dict, kv: list[tuple[str, str, object]], tensors: dict[str, np.ndarray]) -> Path:

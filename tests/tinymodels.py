@@ -7,6 +7,7 @@ the rollback and acceptance paths need. Files are cached by their parameters.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -24,14 +25,45 @@ TOKENIZER_KEYS = (
 )
 
 
+@functools.lru_cache(maxsize=4)
+def read_tokenizer(tokenizer_gguf: str) -> dict:
+    """The ``TOKENIZER_KEYS`` of a GGUF file (lists / arrays for array keys)."""
+    meta = read_gguf(tokenizer_gguf).metadata
+    return {k: meta[k] for k in TOKENIZER_KEYS if k in meta}
+
+
+def add_tokenizer(wr, tok: dict, tokens: list[str] | None = None) -> int:
+    """Write the tokenizer keys of ``tok`` (from ``read_tokenizer``) to a ``gguf.GGUFWriter``.
+
+    Returns the vocabulary size. ``tokens`` overrides the token texts (same length)."""
+    tokens = list(tok["tokenizer.ggml.tokens"]) if tokens is None else list(tokens)
+    wr.add_tokenizer_model(tok["tokenizer.ggml.model"])
+    if "tokenizer.ggml.pre" in tok:
+        wr.add_tokenizer_pre(tok["tokenizer.ggml.pre"])
+    wr.add_token_list(tokens)
+    wr.add_token_types([int(x) for x in tok["tokenizer.ggml.token_type"]])
+    if "tokenizer.ggml.merges" in tok:
+        wr.add_token_merges(list(tok["tokenizer.ggml.merges"]))
+    for key, fn in (("bos_token_id", wr.add_bos_token_id), ("eos_token_id", wr.add_eos_token_id),
+                    ("unknown_token_id", wr.add_unk_token_id), ("padding_token_id", wr.add_pad_token_id)):
+        if "tokenizer.ggml." + key in tok:
+            fn(int(tok["tokenizer.ggml." + key]))
+    if "tokenizer.ggml.add_bos_token" in tok:
+        wr.add_add_bos_token(bool(tok["tokenizer.ggml.add_bos_token"]))
+    if "tokenizer.ggml.add_space_prefix" in tok:
+        wr.add_add_space_prefix(bool(tok["tokenizer.ggml.add_space_prefix"]))
+    if "tokenizer.chat_template" in tok:
+        wr.add_chat_template(tok["tokenizer.chat_template"])
+    return len(tokens)
+
+
 def make_tiny_gguf(out: Path, tokenizer_gguf: str, *, seed: int = 0, noise: float = 0.0, noise_seed: int = 1,
                    n_layer: int = 2, d: int = 64, n_head: int = 4, n_head_kv: int = 2, ff: int = 128,
                    n_ctx: int = 4096, out_scale: float = 0.5, attn_scale: float = 1.0, token_edits: dict[int, str] | None = None,
                    metadata: dict | None = None) -> Path:
     import gguf  # test dependency
 
-    h = read_gguf(tokenizer_gguf)
-    tok = {k: h.metadata[k] for k in TOKENIZER_KEYS if k in h.metadata}
+    tok = read_tokenizer(tokenizer_gguf)
     tokens = list(tok["tokenizer.ggml.tokens"])
     for i, text in (token_edits or {}).items():
         tokens[i] = text
@@ -76,23 +108,7 @@ def make_tiny_gguf(out: Path, tokenizer_gguf: str, *, seed: int = 0, noise: floa
     wr.add_rope_dimension_count(hd)
     wr.add_vocab_size(n_vocab)
     wr.add_file_type(0)
-    wr.add_tokenizer_model(tok["tokenizer.ggml.model"])
-    if "tokenizer.ggml.pre" in tok:
-        wr.add_tokenizer_pre(tok["tokenizer.ggml.pre"])
-    wr.add_token_list(tokens)
-    wr.add_token_types([int(x) for x in tok["tokenizer.ggml.token_type"]])
-    if "tokenizer.ggml.merges" in tok:
-        wr.add_token_merges(list(tok["tokenizer.ggml.merges"]))
-    for key, fn in (("bos_token_id", wr.add_bos_token_id), ("eos_token_id", wr.add_eos_token_id),
-                    ("unknown_token_id", wr.add_unk_token_id), ("padding_token_id", wr.add_pad_token_id)):
-        if "tokenizer.ggml." + key in tok:
-            fn(int(tok["tokenizer.ggml." + key]))
-    if "tokenizer.ggml.add_bos_token" in tok:
-        wr.add_add_bos_token(bool(tok["tokenizer.ggml.add_bos_token"]))
-    if "tokenizer.ggml.add_space_prefix" in tok:
-        wr.add_add_space_prefix(bool(tok["tokenizer.ggml.add_space_prefix"]))
-    if "tokenizer.chat_template" in tok:
-        wr.add_chat_template(tok["tokenizer.chat_template"])
+    add_tokenizer(wr, tok, tokens)
     for k, v in (metadata or {}).items():
         if isinstance(v, bool):
             wr.add_bool(k, v)

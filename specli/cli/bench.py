@@ -44,8 +44,9 @@ def bench(
     draft: str = DRAFT_OPTION,
     suite: str = typer.Option("code,grounded,chat,unpredictable", "--suite", "-s",
                               help="Suite names (comma-separated) or a YAML/JSONL file of prompts."),
-    modes: str = typer.Option("plain,lookup,model,hybrid", "--modes",
-                              help="Modes to compare: plain, lookup, model, hybrid, lookup-fixed, model-fixed."),
+    modes: str = typer.Option("plain,lookup,model,hybrid,mtp,mtp-lookup", "--modes",
+                              help="Modes to compare: plain, lookup, model, hybrid, mtp, mtp-lookup, lookup-fixed, "
+                                   "model-fixed, mtp-fixed (those the models allow)."),
     max_tokens: int = typer.Option(128, "--max-tokens", "-n", min=1, help="Tokens per prompt."),
     repeat: int = typer.Option(1, "--repeat", min=1, help="Measured passes over the suite."),
     draft_max: int = DRAFT_MAX_OPTION,

@@ -95,7 +95,8 @@ def given_options(click_ctx: typer.Context) -> set[str]:
 
 
 TARGET_HELP = "Target model: a GGUF path, org/repo:QUANT on the Hub, pypi:NAME, or a profile name."
-DRAFT_HELP = "Draft: a model reference (as for --target), 'lookup' (prompt lookup), 'auto' or 'none' (plain)."
+DRAFT_HELP = ("Draft: a model reference (as for --target), 'mtp' (the target's own MTP layers), 'lookup' "
+              "(prompt lookup), 'auto' (MTP, else a draft model, else lookup) or 'none' (plain).")
 # the model options run, chat and bench share
 TARGET_OPTION = typer.Option(None, "--target", "-m", help=TARGET_HELP)
 PROFILE_OPTION = typer.Option(None, "--profile", "-P", help="A target/draft pair (specli profiles).")
@@ -112,6 +113,11 @@ CTX_OPTION = typer.Option(4096, "--ctx", "-c", min=0, help="Context size in toke
 THREADS_OPTION = typer.Option(None, "--threads", "-t", min=1, help="CPU threads.")
 GPU_LAYERS_OPTION = typer.Option(None, "--gpu-layers", "-ngl",
                                  help="Target layers on the GPU (-1: all; default: the hardware plan).")
+DRAFT_P_MIN_OPTION = typer.Option(DEFAULTS.draft_p_min, "--draft-p-min", min=0.0, max=1.0,
+                                  help="A drafting model stops when its top probability falls below this "
+                                       "(fixed-length drafting; the adaptive controller prices each token).")
+DRAFT_GPU_LAYERS_OPTION = typer.Option(None, "--draft-gpu-layers",
+                                       help="Draft layers on the GPU (default: the hardware plan).")
 VRAM_OPTION = typer.Option(None, "--vram", help="GPU memory budget, e.g. 6GiB (default: detected; env SPECLI_VRAM).")
 
 

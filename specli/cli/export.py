@@ -9,8 +9,10 @@ import typer
 
 from specli.cli.common import (
     CTX_OPTION,
+    DRAFT_GPU_LAYERS_OPTION,
     DRAFT_MAX_OPTION,
     DRAFT_OPTION,
+    DRAFT_P_MIN_OPTION,
     GPU_LAYERS_OPTION,
     LOOKUP_OPTION,
     TARGET_OPTION,
@@ -21,7 +23,6 @@ from specli.cli.common import (
     given_options,
     one_line_errors,
 )
-from specli.speculate.settings import DEFAULTS
 
 EXPORT_EPILOG = """
 Examples:
@@ -51,14 +52,12 @@ def export(
     hf_draft: Optional[str] = typer.Option(None, "--hf-draft",
                                            help="vLLM/SGLang: the draft's safetensors repo (org/repo)."),
     draft_max: int = DRAFT_MAX_OPTION,
-    draft_p_min: float = typer.Option(DEFAULTS.draft_p_min, "--draft-p-min", min=0.0, max=1.0,
-                                      help="llama-server: the draft stops when its top probability falls below this."),
+    draft_p_min: float = DRAFT_P_MIN_OPTION,
     lookup: bool = LOOKUP_OPTION,
     ctx: int = CTX_OPTION,
     threads: Optional[int] = THREADS_OPTION,
     gpu_layers: Optional[int] = GPU_LAYERS_OPTION,
-    draft_gpu_layers: Optional[int] = typer.Option(None, "--draft-gpu-layers",
-                                                   help="Draft layers on the GPU (default: the hardware plan)."),
+    draft_gpu_layers: Optional[int] = DRAFT_GPU_LAYERS_OPTION,
     vram: Optional[str] = VRAM_OPTION,
 ):
     """Print the command that serves this target/draft pair with speculative decoding on another

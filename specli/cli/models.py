@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import typer
 
@@ -24,8 +25,9 @@ def pull(refs: list[str] = typer.Argument(..., help="Model references or profile
     profs = profiles.load_all()
     for ref in refs:
         specs = []
-        if ref in profs and not os.path.exists(ref):
-            specs = [("target", profs[ref].target)] + [("draft", d) for d in profs[ref].drafts]
+        prof = profiles.get(ref) if profiles.is_path(ref) else profs.get(ref) if not os.path.exists(ref) else None
+        if prof is not None:  # a whole profile: its target and draft models (MTP and lookup need no file)
+            specs = [("target", prof.target)] + [("draft", d) for d in prof.draft_models]
         else:
             specs = [("model", profiles.ModelSpec((ref,)))]
         for label, spec in specs:
@@ -45,13 +47,19 @@ Examples:
 """)
 @one_line_errors
 def check(target: str = typer.Argument(..., help="Target model reference."),
-          draft: str = typer.Argument(..., help="Draft model reference.")):
+          draft: Optional[str] = typer.Argument(None, help="Draft model reference (none: the target alone).")):
     """Can this draft speculate for this target? llama.cpp's tokenizer rules, from the GGUF
-    headers alone (Hub files are read with range requests, not downloaded)."""
+    headers alone (Hub files are read with range requests, not downloaded). The target's own
+    MTP layers are shown too."""
     from specli.resolve import models, vocab
     from specli.resolve.gguf_header import vocab_from_header
 
-    th, dh = models.header_of(target), models.header_of(draft)
+    th = models.header_of(target)
+    mtp = f"{th.mtp_layers} ({'--draft mtp drafts with them' if th.mtp_usable else 'no MTP graph for this architecture in this llama.cpp'})" if th.mtp_layers else "none"
+    print(f"target: architecture {th.architecture}, MTP layers {mtp}")
+    if draft is None:
+        return
+    dh = models.header_of(draft)
     rules = vocab.check_vocab(vocab_from_header(th), vocab_from_header(dh))
     for r in rules:
         print(f"{'✓' if r.ok else '✗'} {r.name}: {r.detail}")

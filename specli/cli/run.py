@@ -12,8 +12,10 @@ import typer
 
 from specli.cli.common import (
     CTX_OPTION,
+    DRAFT_GPU_LAYERS_OPTION,
     DRAFT_MAX_OPTION,
     DRAFT_OPTION,
+    DRAFT_P_MIN_OPTION,
     GPU_LAYERS_OPTION,
     LOOKUP_OPTION,
     PROFILE_OPTION,
@@ -30,7 +32,6 @@ from specli.cli.common import (
     one_line_errors,
     read_prompt,
 )
-from specli.speculate.settings import DEFAULTS
 
 RUN_EPILOG = """
 Examples:
@@ -58,8 +59,7 @@ def run(
     top_p: float = TOP_P_OPTION,
     seed: Optional[int] = SEED_OPTION,
     draft_max: int = DRAFT_MAX_OPTION,
-    draft_p_min: float = typer.Option(DEFAULTS.draft_p_min, "--draft-p-min", min=0.0, max=1.0,
-                                      help="Draft model stops when its top probability falls below this."),
+    draft_p_min: float = DRAFT_P_MIN_OPTION,
     adaptive: bool = typer.Option(True, "--adaptive/--fixed",
                                   help="Choose the draft length per step from measured costs (default), "
                                        "or always draft up to --draft-max."),
@@ -67,8 +67,7 @@ def run(
     ctx: int = CTX_OPTION,
     threads: Optional[int] = THREADS_OPTION,
     gpu_layers: Optional[int] = GPU_LAYERS_OPTION,
-    draft_gpu_layers: Optional[int] = typer.Option(None, "--draft-gpu-layers",
-                                                   help="Draft layers on the GPU (default: the hardware plan)."),
+    draft_gpu_layers: Optional[int] = DRAFT_GPU_LAYERS_OPTION,
     vram: Optional[str] = VRAM_OPTION,
     plan: bool = typer.Option(False, "--plan", help="Print where each model would go, and why; generate nothing."),
     chat: Optional[bool] = typer.Option(None, "--chat/--raw",
@@ -147,8 +146,10 @@ def print_plan(opts) -> None:
     print(f"context      {n_ctx} tokens")
     for label, path in (("target", tpath), ("draft", dpath)):
         if path:
-            m = memory_from_header(read_gguf(path), name=label)
-            print(f"{label:<12} {os.path.basename(path)}: weights {fmt(m.weights)} in {m.n_layer} layers, "
+            h = read_gguf(path)
+            m = memory_from_header(h, name=label)
+            mtp = f" (MTP layers: {h.mtp_layers})" if h.mtp_layers else ""
+            print(f"{label:<12} {os.path.basename(path)}: weights {fmt(m.weights)} in {m.n_layer} layers{mtp}, "
                   f"KV {fmt(m.kv(n_ctx))}, buffers {fmt(m.compute())}, all on GPU {fmt(m.gpu_bytes(-1, n_ctx))}")
     layers = "all" if p.target_gpu_layers < 0 else str(p.target_gpu_layers)
     dl = "all" if p.draft_gpu_layers < 0 else str(p.draft_gpu_layers)
@@ -175,6 +176,9 @@ def doctor(vram: Optional[str] = typer.Option(None, "--vram", help="Pretend this
     budget = "none" if hw.budget is None else f"{fmt(hw.budget)} ({hw.budget_source})"
     print(f"budget specli plans with: {budget}")
     print(f"CPU threads: {hw.threads}")
+    from specli.speculate.mtp import mtp_available
+    print(f"MTP self-speculation (models with MTP layers, --draft mtp): {'yes' if mtp_available() else 'no'}; "
+          "hybrid/recurrent targets: rollback by snapshots or checkpoints")
     print(f"llama.cpp: {hw.system_info}")
     hint = reinstall_hint(hw)
     if hint:

@@ -27,17 +27,35 @@ def _key(ctx: Context, k_max: int) -> str:
     return _ident(ctx.model.path, ctx.model.n_gpu_layers, ctx.threads, ctx.n_batch, k_max)
 
 
-def draft_on_cpu_pays(target_path: str, draft_path: str, threads: int, n_batch: int, k_max: int) -> bool | None:
-    """From earlier measurements only (None when there are none): would the draft model on
-    the CPU speed up the target fully on the GPU, at a typical 80% acceptance?"""
+TYPICAL_ACCEPTANCE = 0.8  # a same-family draft is typically right 70-90% of the time
+
+
+def measured_length(target_path: str, target_gpu_layers: int, threads: int, n_batch: int, k_max: int,
+                    drafter: tuple[str, str, int] | None = None) -> int | None:
+    """The draft length with the best expected tokens/s at a typical acceptance, from earlier
+    measurements of these files and this placement only (0: drafting does not pay); None when
+    they were not measured here. ``drafter``: (kind, file, GPU layers) of what drafts, as the
+    cache keys it ("draft" with the draft model's file, "mtp" with the target's); None prices
+    prompt lookup (free drafts)."""
     from specli.speculate.controller import best_length
 
-    d = _load()
-    dc = d.get("draft:" + _ident(draft_path, 0, threads, n_batch, 0))
-    tv = d.get("verify:" + _ident(target_path, -1, threads, n_batch, k_max))
-    if not isinstance(dc, (int, float)) or not isinstance(tv, list):
+    cache = _load()
+    verify = cache.get("verify:" + _ident(target_path, target_gpu_layers, threads, n_batch, k_max))
+    dcost = 0.0
+    if drafter:
+        kind, path, layers = drafter
+        dcost = cache.get(f"{kind}:" + _ident(path, layers, threads, n_batch, 0))
+    if not isinstance(verify, list) or len(verify) != k_max + 1 or not isinstance(dcost, (int, float)):
         return None
-    return best_length(0.8, [float(x) for x in tv], float(dc), k_max, float(dc), 0.8)[0] > 0
+    a = TYPICAL_ACCEPTANCE
+    return best_length(a, [float(x) for x in verify], float(dcost), k_max, float(dcost), a)[0]
+
+
+def draft_on_cpu_pays(target_path: str, draft_path: str, threads: int, n_batch: int, k_max: int) -> bool | None:
+    """From earlier measurements only (None when there are none): would the draft model on
+    the CPU speed up the target fully on the GPU?"""
+    k = measured_length(target_path, -1, threads, n_batch, k_max, ("draft", draft_path, 0))
+    return None if k is None else k > 0
 
 
 def _path() -> Path:
@@ -105,6 +123,7 @@ def verify_costs(ctx: Context, k_max: int, reps: int = 3, use_cache: bool = True
     """seconds[k] for a block of k + 1 tokens with logits for every row, k = 0..k_max. The
     sizes are timed in turn, ``reps`` rounds, median per size: a machine whose speed drifts
     (turbo, a busy neighbour) then moves every size alike and the ratios hold."""
+    k_max = min(k_max, ctx.n_batch - 1)  # a block with a logits row per token fits one batch (tiny --ctx)
     key = "verify:" + _key(ctx, k_max)
     if use_cache:
         cached = _load().get(key)

@@ -23,7 +23,8 @@ from specli.speculate.verify import SamplingParams
 if TYPE_CHECKING:
     from specli.session import Session
 
-MODES = ("plain", "lookup", "lookup-fixed", "llama-cpp-python-lookup", "model", "hybrid", "model-fixed")
+MODES = ("plain", "lookup", "lookup-fixed", "llama-cpp-python-lookup", "model", "hybrid", "model-fixed",
+         "mtp", "mtp-lookup", "mtp-fixed")
 NEEDS_DRAFT = ("model", "hybrid", "model-fixed")
 NEEDS_NOTHING = ("plain", "llama-cpp-python-lookup")
 

@@ -91,7 +91,6 @@ class GGUFHeader:
     metadata: dict[str, Any]
     tensors: list[TensorInfo]
     data_offset: int
-    bytes_read: int = 0
     path: str | None = None
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -225,7 +224,7 @@ def read_header(f: BinaryIO, name: str = "<stream>") -> GGUFHeader:
         raise SpecliError(f"{name}: corrupt GGUF header ({e})") from None
     align = int(meta.get("general.alignment", 32))
     data_offset = (r.consumed + align - 1) // align * align
-    return GGUFHeader(version, meta, tensors, data_offset, bytes_read=r.consumed)
+    return GGUFHeader(version, meta, tensors, data_offset)
 
 
 def read_gguf(path: str | os.PathLike, check_size: bool = True) -> GGUFHeader:

@@ -274,17 +274,6 @@ def _no_space(ref: HubRef) -> SpecliError:
                        "free some space and run again")
 
 
-class _CountingFile:
-    def __init__(self, f):
-        self.f = f
-        self.bytes = 0
-
-    def read(self, n=-1):
-        b = self.f.read(n)
-        self.bytes += len(b)
-        return b
-
-
 def header(ref: HubRef, block_size: int = 1 << 20) -> GGUFHeader:
     """The GGUF header of a Hub file: from the cache when it is there, else by ranged reads
     (only the header's bytes cross the network)."""
@@ -305,12 +294,10 @@ def header(ref: HubRef, block_size: int = 1 << 20) -> GGUFHeader:
     path = f"{ref.repo}@{ref.revision}/{files[0]}" if ref.revision else f"{ref.repo}/{files[0]}"
     try:
         with HfFileSystem(skip_instance_cache=True).open(path, "rb", block_size=block_size) as f:
-            cf = _CountingFile(f)
-            h = read_header(cf, name=f"{ref.repo}/{files[0]}")
+            h = read_header(f, name=f"{ref.repo}/{files[0]}")
     except Exception as e:
         raise _explain(e, ref) from None
     h.path = f"{ref.repo}/{files[0]}"
-    h.bytes_read = cf.bytes
     return h
 
 

@@ -64,6 +64,28 @@ class Drafter:
         pass
 
 
+def greedy_drafts(first_row: np.ndarray, step: Callable[[int], np.ndarray], max_len: int, is_eog: Callable[[int], bool],
+                  p_min: float, keep_going: Callable[[int, float], bool] | None = None) -> tuple[list[int], list[float]]:
+    """A model's greedy draft: from the logits ``first_row``, take the argmax, feed it with
+    ``step(token) -> next row``, and so on. Before adding token i (0-based) with top probability
+    p, stop if p < p_min (never before the first) or ``keep_going(i, p)`` says it no longer
+    pays. Returns the tokens and their top probabilities."""
+    toks: list[int] = []
+    conf: list[float] = []
+    row = first_row
+    while True:
+        tok = int(row.argmax())
+        p_top = 1.0 / float(np.exp(row - row[tok], dtype=np.float32).sum())
+        if (toks and p_top < p_min) or (keep_going is not None and not keep_going(len(toks), p_top)):
+            break
+        toks.append(tok)
+        conf.append(p_top)
+        if len(toks) >= max_len or is_eog(tok):
+            break
+        row = step(tok)
+    return toks, conf
+
+
 class NoDrafter(Drafter):
     """Plain decoding through the same loop: the baseline."""
 
@@ -133,21 +155,7 @@ class ModelDrafter(Drafter):
         kept = ctx.sync(context)
         row = ctx.eval(list(context[kept:]))[0]
         ctx.mark(across_decodes=True)  # a recurrent draft model rolls its drafts back to here
-        toks: list[int] = []
-        conf: list[float] = []
-        while True:
-            tok = int(row.argmax())
-            z = row - row[tok]
-            p_top = 1.0 / float(np.exp(z, dtype=np.float32).sum())
-            if toks and p_top < p_min:
-                break
-            if keep_going is not None and not keep_going(len(toks), p_top):
-                break
-            toks.append(tok)
-            conf.append(p_top)
-            if len(toks) >= max_len or self.model.is_eog(tok):
-                break
-            row = ctx.eval([tok])[0]
+        toks, conf = greedy_drafts(row, lambda t: ctx.eval([t])[0], max_len, self.model.is_eog, p_min, keep_going)
         return Draft(toks, MODEL, conf)
 
     def close(self) -> None:

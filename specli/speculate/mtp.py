@@ -23,7 +23,7 @@ import numpy as np
 
 from specli.engine import Context, ContextConfig, DecodeListener, L
 from specli.errors import SpecliError
-from specli.speculate.drafters import MTP, Draft, Drafter
+from specli.speculate.drafters import MTP, Draft, Drafter, greedy_drafts
 from specli.speculate.settings import DEFAULTS
 
 try:
@@ -102,23 +102,15 @@ class MTPDrafter(Drafter, DecodeListener):
         max_len = min(max_len, ctx.n_ctx - pos0 - 1)
         if max_len <= 0 or self.target.n_past != pos0 or ctx.n_past != pos0:
             return Draft([], MTP)
-        toks: list[int] = []
-        conf: list[float] = []
-        tok, h = int(context[-1]), self.hidden(pos0 - 1)
-        try:
-            while True:
-                row = ctx.eval([tok], "last", embd=h[None])[0]
-                tok = int(row.argmax())
-                p_top = 1.0 / float(np.exp(row - row[tok], dtype=np.float32).sum())
-                if toks and p_top < p_min:
-                    break
-                if keep_going is not None and not keep_going(len(toks), p_top):
-                    break
-                toks.append(tok)
-                conf.append(p_top)
-                if len(toks) >= max_len or self.target.model.is_eog(tok):
-                    break
+        def step(tok: int, h: np.ndarray | None = None) -> np.ndarray:
+            """One MTP pass: the token with the hidden row before it (the MTP head's own last one)."""
+            if h is None:
                 h = np.ctypeslib.as_array(LX.llama_get_embeddings_nextn_ith(ctx._ctx, 0), shape=(self.n_embd,)).copy()
+            return ctx.eval([tok], "last", embd=h[None])[0]
+
+        try:
+            first = step(int(context[-1]), self.hidden(pos0 - 1))
+            toks, conf = greedy_drafts(first, step, max_len, self.target.model.is_eog, p_min, keep_going)
         finally:
             ctx.rollback(pos0)  # the verify pass feeds the real rows for these positions
         return Draft(toks, MTP, conf)
