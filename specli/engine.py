@@ -352,9 +352,11 @@ class Context:
         for lst in self.listeners:
             lst.truncated(self, 0)
 
-    def sync(self, tokens: Sequence[int]) -> int:
+    def sync(self, tokens: Sequence[int], align: int = 1) -> int:
         """Make the cache hold a prefix of ``tokens`` that leaves at least the last token
-        un-evaluated; return the number of cached tokens kept (the common prefix)."""
+        un-evaluated; return the number of cached tokens kept (the common prefix, cut down to
+        a multiple of ``align``)."""
         n = common_prefix(self.tokens, tokens, len(tokens) - 1)
+        n -= n % align
         self.rollback(n)
         return n

@@ -291,8 +291,9 @@ class Session:
         return toks
 
     def generate(self, prompt: list[int], params: SamplingParams, max_tokens: int,
-                 drafter: Drafter | None = None) -> Response:
-        return generate(self.ctx, prompt, drafter or self.drafter, params, max_tokens, self.opts.spec.draft_max)
+                 drafter: Drafter | None = None, exact_prefill: bool = False) -> Response:
+        return generate(self.ctx, prompt, drafter or self.drafter, params, max_tokens, self.opts.spec.draft_max,
+                        exact_prefill)
 
     def plain_rate_estimate(self) -> float | None:
         """Tokens/s plain decoding would have reached here: the controller's measured cost of a

@@ -189,3 +189,16 @@ def test_generation_stops_when_the_context_is_full(tm, dm):
     assert len(prompt) + len(out) == ctx.n_ctx + 1  # every position used, plus the pending token
     plain, *_ = run(tm, prompt, NoDrafter(), n=len(out))
     assert out == plain
+
+
+def test_exact_prefill_reuses_whole_batches_only(tm):
+    """A server answering a repeated prompt evaluates the uncached part in the blocks a fresh run
+    would use: the kept prefix is a multiple of the batch size."""
+    ctx = Context(tm, CFG)  # n_batch 64
+    prompt = (tm.tokenize(PROMPTS[7]) * 8)[:150]
+    out1 = [t for ch in generate(ctx, prompt, NoDrafter(), SamplingParams(), 4, exact_prefill=True) for t in ch.tokens]
+    resp = generate(ctx, prompt, NoDrafter(), SamplingParams(), 4, exact_prefill=True)
+    out2 = [t for ch in resp for t in ch.tokens]
+    assert resp.stats.prompt_tokens_cached == 128 and out1 == out2
+    resp = generate(ctx, prompt, NoDrafter(), SamplingParams(), 4)
+    assert [t for ch in resp for t in ch.tokens] == out1 and resp.stats.prompt_tokens_cached == 149

@@ -113,6 +113,9 @@ CTX_OPTION = typer.Option(4096, "--ctx", "-c", min=0, help="Context size in toke
 THREADS_OPTION = typer.Option(None, "--threads", "-t", min=1, help="CPU threads.")
 GPU_LAYERS_OPTION = typer.Option(None, "--gpu-layers", "-ngl",
                                  help="Target layers on the GPU (-1: all; default: the hardware plan).")
+ADAPTIVE_OPTION = typer.Option(True, "--adaptive/--fixed",
+                               help="Choose the draft length per step from measured costs (default), "
+                                    "or always draft up to --draft-max.")
 DRAFT_P_MIN_OPTION = typer.Option(DEFAULTS.draft_p_min, "--draft-p-min", min=0.0, max=1.0,
                                   help="A drafting model stops when its top probability falls below this "
                                        "(fixed-length drafting; the adaptive controller prices each token).")

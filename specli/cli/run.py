@@ -11,6 +11,7 @@ from typing import Optional
 import typer
 
 from specli.cli.common import (
+    ADAPTIVE_OPTION,
     CTX_OPTION,
     DRAFT_GPU_LAYERS_OPTION,
     DRAFT_MAX_OPTION,
@@ -60,9 +61,7 @@ def run(
     seed: Optional[int] = SEED_OPTION,
     draft_max: int = DRAFT_MAX_OPTION,
     draft_p_min: float = DRAFT_P_MIN_OPTION,
-    adaptive: bool = typer.Option(True, "--adaptive/--fixed",
-                                  help="Choose the draft length per step from measured costs (default), "
-                                       "or always draft up to --draft-max."),
+    adaptive: bool = ADAPTIVE_OPTION,
     lookup: bool = LOOKUP_OPTION,
     ctx: int = CTX_OPTION,
     threads: Optional[int] = THREADS_OPTION,

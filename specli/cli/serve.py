@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from specli.cli.common import (
+    ADAPTIVE_OPTION,
     CTX_OPTION,
     DRAFT_MAX_OPTION,
     DRAFT_OPTION,
@@ -23,6 +24,7 @@ from specli.cli.common import (
 )
 from specli.errors import SpecliError
 
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 SERVE_EPILOG = """
 Examples:
 
@@ -54,16 +56,14 @@ def serve(
     temp: float = typer.Option(1.0, "--temp", min=0.0, max=2.0,
                                help="Temperature for requests that give none (OpenAI's default, 1)."),
     draft_max: int = DRAFT_MAX_OPTION,
-    adaptive: bool = typer.Option(True, "--adaptive/--fixed",
-                                  help="Choose the draft length per step from measured costs (default), "
-                                       "or always draft up to --draft-max."),
+    adaptive: bool = ADAPTIVE_OPTION,
     lookup: bool = LOOKUP_OPTION,
     ctx: int = CTX_OPTION,
     threads: Optional[int] = THREADS_OPTION,
     gpu_layers: Optional[int] = GPU_LAYERS_OPTION,
     vram: Optional[str] = VRAM_OPTION,
     log_level: str = typer.Option("warning", "--log-level",
-                                  help="uvicorn's log level (info: one line per request)."),
+                                  help="uvicorn's log level: warning, info (one line per request), debug, ..."),
 ):
     """Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions)."""
     try:
@@ -82,6 +82,9 @@ def serve(
     from specli.session import Options, Session
     from specli.speculate.settings import SpecSettings
 
+    if log_level not in LOG_LEVELS:
+        raise SpecliError(f"--log-level must be one of {', '.join(LOG_LEVELS)}")
+    api_key = api_key or None  # an empty SPECLI_API_KEY is no key
     check_bind(host, port, api_key)
     opts = Options(target=target, draft=draft, profile=profile, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers,
                    vram=vram, given=given_options(click_ctx),

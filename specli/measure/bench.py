@@ -101,8 +101,11 @@ class _LlamaCppPythonLookup:
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
+        # logits_all=True: with a draft model Llama keeps every row's logits anyway, but sizes its
+        # score buffer by this flag (n_batch rows when False), so a prompt longer than n_batch
+        # failed with "could not broadcast input array ... into shape (0,)"
         self.llm = Llama(path, n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, verbose=False,
-                         logits_all=False,
+                         logits_all=True,
                          draft_model=LlamaPromptLookupDecoding(num_pred_tokens=draft_max))
 
     def run(self, prompt: list[int], max_tokens: int, is_eog) -> tuple[list[int], float]:
@@ -149,6 +152,8 @@ def run_bench(sess: Session, suite: Suite, modes: list[str], max_tokens: int = 1
     modes = [m for m in MODES if m in modes and (m in NEEDS_NOTHING or _as_session_mode(m) in available)]
     results = {m: ModeResult(m) for m in modes}
     total = len(modes) * (len(prompts) * repeat + 1)
+    # llama-cpp-python's score buffer is n_ctx rows of n_vocab floats: only the room the longest run needs
+    lcp_ctx = min(ctx.n_ctx, max(len(t) + (sp.max_tokens or max_tokens) for sp, t in prompts) + draft_max + 16)
     done = 0
 
     def one(mode: str, sp, toks: list[int], n: int) -> tuple[list[int], Stats]:
@@ -177,7 +182,7 @@ def run_bench(sess: Session, suite: Suite, modes: list[str], max_tokens: int = 1
             progress(f"{mode}: warm-up", done, total)
         try:
             if mode == "llama-cpp-python-lookup":
-                lcp = _LlamaCppPythonLookup(target.path, ctx.n_ctx, ctx.threads, draft_max, sess.target_gpu_layers)
+                lcp = _LlamaCppPythonLookup(target.path, lcp_ctx, ctx.threads, draft_max, sess.target_gpu_layers)
             one(mode, prompts[-1][0], prompts[-1][1], 16)
         except Exception as e:  # noqa: BLE001 - a comparison mode that fails is a row that says so
             if mode != "llama-cpp-python-lookup":

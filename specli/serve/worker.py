@@ -185,7 +185,8 @@ class Worker:
 
     def _generate(self, job: Job) -> tuple[str | None, Stats]:
         """Run the generation; the finish reason (None: cancelled) and the stats."""
-        resp = self.session.generate(job.prompt, job.params, job.max_tokens)
+        # whole batches of a cached prompt only: a repeated prompt is answered as a fresh run is
+        resp = self.session.generate(job.prompt, job.params, job.max_tokens, exact_prefill=True)
         scan = StopScanner(job.stop)
         stopped = cancelled = False
         try:

@@ -156,28 +156,32 @@ def cut_at_eog(model: Model, tokens: list[int], flags: list[bool]) -> tuple[list
 
 
 def generate(target: Context, prompt: Sequence[int], drafter: Drafter, params: SamplingParams,
-             max_tokens: int = 256, draft_max: int = DEFAULTS.draft_max) -> Response:
+             max_tokens: int = 256, draft_max: int = DEFAULTS.draft_max, exact_prefill: bool = False) -> Response:
     """Generate up to ``max_tokens`` after ``prompt``, speculating with ``drafter``.
 
     The target's cache is reused for the longest common prefix with what it already holds
     (a multi-turn chat re-evaluates only the new turn). ``draft_max`` caps the tokens asked
-    of the drafter at each step (an adaptive drafter may take fewer).
+    of the drafter at each step (an adaptive drafter may take fewer). ``exact_prefill``: reuse
+    only whole batches of the prompt, so the rest is evaluated in the same blocks as on an
+    empty cache (a quantised model's CPU logits move with the block shape; a server answering
+    a repeated prompt then says exactly what a fresh run says).
     """
     prompt = list(prompt)
     if not prompt:
         raise SpecliError("the prompt is empty")
     check_prompt_fits(len(prompt), target.n_ctx)
     st = Stats(mode=drafter.name)
-    return Response(_decode(target, prompt, drafter, params, max_tokens, draft_max, st), st)
+    align = target.n_batch if exact_prefill else 1
+    return Response(_decode(target, prompt, drafter, params, max_tokens, draft_max, st, align), st)
 
 
 def _decode(target: Context, prompt: list[int], drafter: Drafter, params: SamplingParams,
-            max_tokens: int, draft_max: int, st: Stats) -> Iterator[Chunk]:
+            max_tokens: int, draft_max: int, st: Stats, align: int) -> Iterator[Chunk]:
     model = target.model
     rng = np.random.default_rng(params.seed)
     detok = _Detok(model.piece)
     t0 = time.perf_counter()
-    kept = target.sync(prompt)
+    kept = target.sync(prompt, align)
     st.prompt_tokens, st.prompt_tokens_cached = len(prompt), kept
     _, tok = accept([], target.eval(prompt[kept:]), params, rng)
     t1 = time.perf_counter()
