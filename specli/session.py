@@ -11,7 +11,7 @@ from specli.engine import Context, ContextConfig, Model
 from specli.errors import SpecliError
 from specli.hardware import calibrate
 from specli.hardware.devices import Hardware, detect
-from specli.hardware.plan import Plan, make_plan, memory_from_header
+from specli.hardware.plan import Plan, available_ram, check_host_memory, make_plan, memory_from_header
 from specli.prompt import build_prompt
 from specli.resolve import hub, models, profiles, vocab
 from specli.resolve.gguf_header import MTP_ARCHITECTURES, read_gguf, vocab_from_header
@@ -180,13 +180,16 @@ class Session:
     def __init__(self, opts: Options, progress: Callable[[str], None] | None = None, build_drafter: bool = True):
         self.opts = opts
         target_path, draft_path, self.profile = choose_models(opts, progress)
-        self.plan, self.hardware, _ = plan_for(opts, target_path, draft_path)
+        self.plan, self.hardware, plan_ctx = plan_for(opts, target_path, draft_path)
         if self.hardware.budget is not None:
             opts.notes.append(self.plan.summary)
         if draft_path and self.plan.draft == "lookup":
             draft_path = None  # the GPU cannot hold both: the plan falls back to prompt lookup
         self.draft_path = draft_path
         self.target_gpu_layers, self.draft_gpu_layers = gpu_layers(opts, self.plan)
+        # the part of the target left on the CPU must fit in host memory: refuse before loading
+        check_host_memory(memory_from_header(read_gguf(target_path), name=os.path.basename(target_path)),
+                          self.target_gpu_layers, plan_ctx, *available_ram())
         self.target = Model(target_path, n_gpu_layers=self.target_gpu_layers, load_mtp=opts.drafter == "mtp")
         n_ctx = min(opts.n_ctx, self.target.n_ctx_train) if opts.n_ctx > 0 else self.target.n_ctx_train
         # hybrid/recurrent targets keep draft_max recurrent-state snapshots where llama.cpp can
@@ -229,8 +232,9 @@ class Session:
     def mtp_drafter(self) -> MTPDrafter:
         """The target's own MTP layers as a drafter, made on first use and shared."""
         if self._mtp is None:
+            # feeding the MTP layers is part of every target pass from now on; the cached verify
+            # curve may have been measured without it: real steps correct it (CostModel)
             self._mtp = MTPDrafter(self.ctx, self.cfg, p_min=self.opts.spec.draft_p_min)
-            self._verify_costs = None  # feeding the MTP context is part of every target pass now
         return self._mtp
 
     def model_drafter(self) -> ModelDrafter:

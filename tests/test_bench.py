@@ -94,3 +94,46 @@ def test_schedule_interleaves_modes_and_never_repeats_a_prompt_back_to_back():
         assert all(a[0] != b[0] for a, b in zip(s, s[1:]))
         # interleaved: the first round already holds every mode
         assert {m for _, m in s[:len(modes)]} == set(modes)
+
+
+def test_compare_llama_cpp_python_on_a_prompt_longer_than_its_batch(tmp_path, tiny_target):
+    """llama-cpp-python's Llama with a draft model sized its score buffer by n_batch (512 rows),
+    so a ~800-token prompt failed there ("could not broadcast input array ... into shape (0,)")."""
+    text = " ".join(f"line {i}: the quick brown fox jumps over the lazy dog." for i in range(55))
+    suite = tmp_path / "long.yaml"
+    suite.write_text("prompts:\n  - id: long\n    text: " + json.dumps(text) + "\n")
+    rc, out, err = specli("bench", "--target", tiny_target, "--draft", "lookup", "--suite", str(suite), "-n", "16",
+                          "--modes", "plain,lookup", "--compare-llama-cpp-python", "--ctx", "2048", "--json")
+    assert rc == 0, err
+    modes = json.loads(out)["modes"]
+    assert list(modes) == ["plain", "lookup", "llama-cpp-python-lookup"]
+    lcp = modes["llama-cpp-python-lookup"]
+    assert lcp["error"] == "" and lcp["tokens"] == 16 and lcp["lossless"] == {"long": "identical"}
+    assert modes["plain"]["tokens"] == 16 and modes["plain"]["per_prompt"]["long"][0] > 0
+
+
+def test_a_failing_comparison_mode_is_a_row_that_says_why(tiny_target, monkeypatch):
+    from rich.console import Console
+
+    import specli.measure.bench as bench_mod
+    from specli.measure.report import markdown, render_tables
+
+    class Broken:
+        def __init__(self, *a, **kw):
+            raise RuntimeError("no llama.cpp context\nfor this model")
+
+    monkeypatch.setattr(bench_mod, "_LlamaCppPythonLookup", Broken)
+    rep = bench(tiny_target, "lookup", ["plain", "lookup", "llama-cpp-python-lookup"], max_tokens=12, chat=False)
+    modes = rep.to_dict()["modes"]
+    assert modes["llama-cpp-python-lookup"]["error"] == "RuntimeError: no llama.cpp context for this model"
+    assert modes["llama-cpp-python-lookup"]["tokens"] == 0
+    for m in ("plain", "lookup"):
+        assert modes[m]["error"] == "" and modes[m]["tokens"] == 3 * 12 and len(modes[m]["per_prompt"]) == 3
+    assert set(modes["lookup"]["lossless"].values()) == {"identical"}
+    console = Console(record=True, width=160)
+    render_tables([rep], console)
+    text = console.export_text()
+    row = next(ln for ln in text.splitlines() if "llama-cpp-python-lookup" in ln and "│" in ln)
+    assert "failed" in row and "0.0" not in row
+    assert "  llama-cpp-python-lookup: failed: RuntimeError: no llama.cpp context for this model\n" in text
+    assert "- llama-cpp-python-lookup: failed: RuntimeError: no llama.cpp context for this model" in markdown([rep])

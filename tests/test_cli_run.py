@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import pytest
 from clihelp import specli
@@ -30,7 +31,7 @@ def test_json_and_stats(tiny_target, tiny_draft):
     assert rc == 0, err
     d = _json(out)
     st = d["stats"]
-    assert st["mode"] == "model" and st["generated"] == 40 and st["stop"] == "max_tokens"
+    assert st["mode"] == "model" and st["generated"] == 40 and st["stop"] == "length" and d["finish_reason"] == "length"
     assert 0 < st["accepted"] <= st["drafted"]
     assert st["acceptance"] == pytest.approx(st["accepted"] / st["drafted"])
     assert st["mean_accepted"] == pytest.approx(st["accepted"] / st["spec_steps"])
@@ -128,9 +129,54 @@ def test_tokenizer_mismatch_is_refused_before_loading(tiny_target, tiny_draft_ed
 def test_prompt_longer_than_context(tiny_target):
     rc, out, err = specli("run", "--target", tiny_target, "--ctx", "256", "--raw", stdin="word " * 400)
     assert rc != 0
-    assert "longer than the context (--ctx 256)" in err and len(err.strip().splitlines()) == 1
+    assert "longer than the context (256 tokens); use a larger --ctx" in err and len(err.strip().splitlines()) == 1
 
 
 def test_help_has_examples():
     rc, out, _ = specli("run", "--help")
     assert rc == 0 and "Examples" in out and "--draft" in out
+
+
+GRID_PROMPTS = {"short": "Hello", "about 40 tokens": " ".join(["word"] * 40)}
+
+
+@pytest.mark.parametrize("ctx", [8, 16, 64, 0])
+def test_tiny_contexts_and_long_drafts_end_in_output_or_one_line(tiny_target, ctx):
+    """Every --ctx (llama.cpp may round a tiny one up; its batch stays that small) with every
+    --draft-max and prompt size ends in text or one `specli: error:` line, never an internal
+    error. --ctx 8 used to end in `internal error: ValueError: logits for every token need a
+    block no larger than n_batch` (the verify-cost calibration timed blocks longer than a batch)."""
+    cases = [(dm, name, text) for dm in (0, 1, 16, 64) for name, text in GRID_PROMPTS.items()]
+    cases.append((16, "longer than the context", "word " * 5000))
+    for draft_max, name, text in cases:
+        rc, out, err = specli("run", "--target", tiny_target, "--draft", "lookup", "--raw", "--ctx", str(ctx),
+                              "--draft-max", str(draft_max), "-n", "24", "--prompt", text)
+        what = f"--ctx {ctx} --draft-max {draft_max}, {name} prompt: rc {rc}, stderr {err!r}"
+        assert "internal error" not in err and "Traceback" not in err, what
+        errors = [ln for ln in err.splitlines() if ln.startswith("specli: error:")]
+        if rc == 0:
+            assert out.strip() and not errors, what
+        else:
+            assert len(err.strip().splitlines()) == 1 and len(errors) == 1, what
+        if name == "longer than the context":
+            assert rc != 0 and "longer than the context" in errors[0], what
+
+
+def test_a_target_too_big_for_host_memory_is_refused_before_loading(tiny_target):
+    """SPECLI_RAM stands in for the machine's available memory (MemAvailable): the CPU part of
+    the target (here all of it) does not fit, so one line names the sizes and the fix."""
+    env = dict(os.environ, SPECLI_RAM="40MiB")
+    env.pop("SPECLI_VRAM", None)
+    rc, out, err = specli("run", "--target", tiny_target, "--draft", "none", "--raw", "--ctx", "256",
+                          "--prompt", "hi", env=env)
+    assert rc == 1 and out == "" and "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    name = os.path.basename(tiny_target)
+    assert re.fullmatch(rf"specli: error: {re.escape(name)} needs [\d.]+ MiB of memory on the CPU at --ctx 256 "
+                        r"\(weights [\d.]+ MiB, KV cache [\d.]+ MiB, buffers [\d.]+ MiB\), but only 40\.0 MiB is "
+                        r"available \(SPECLI_RAM\); use a smaller --ctx or a smaller quantisation .*", lines[0]), err
+    # a GPU budget that takes the whole target leaves only the embeddings on the CPU: it runs
+    rc, out, err = specli("run", "--target", tiny_target, "--draft", "none", "--raw", "--ctx", "256", "-n", "4",
+                          "--prompt", "hi", env=dict(env, SPECLI_VRAM="1GiB"))
+    assert rc == 0 and out.strip(), err

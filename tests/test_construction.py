@@ -67,22 +67,26 @@ def test_bench_uses_the_hardware_plan(tmp_path, tiny_target, tiny_draft):
 
 
 def test_chat_colours_follow_the_terminal_conventions(tiny_target):
-    def reply(env):
-        child = pexpect.spawn(sys.executable, ["-m", "specli", "chat", "--target", tiny_target, "--draft", "lookup",
-                                               "--show-drafts", "-n", "12"], env=env, encoding="utf-8",
-                              timeout=120, dimensions=(40, 200))
-        child.expect(">>> ")
-        banner = child.before
-        child.sendline("Hello")
-        child.expect(r"tok/s")
-        child.expect(">>> ")
-        child.sendeof()
-        child.expect(pexpect.EOF)
-        return banner
+    """Rich decides: a terminal gets styled notes, a pipe plain text, FORCE_COLOR styles a pipe
+    too (there was a private SPECLI_COLOR before), TERM=dumb turns styling off."""
+    def banner(env, tty):
+        if tty:
+            child = pexpect.spawn(sys.executable, ["-m", "specli", "chat", "--target", tiny_target, "--draft", "lookup"],
+                                  env=env, encoding="utf-8", timeout=120, dimensions=(40, 200))
+            child.expect(">>> ")
+            text = child.before
+            child.sendeof()
+            child.expect(pexpect.EOF)
+            return text
+        rc, out, err = specli("chat", "--target", tiny_target, "--draft", "lookup", stdin="/exit\n", env=env)
+        assert rc == 0, err
+        return out
 
-    base = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
-    assert "\x1b[" in reply({**base, "TERM": "xterm-256color"})  # a terminal: dim notes
-    assert "\x1b[" not in reply({**base, "TERM": "xterm-256color", "NO_COLOR": "1"})
+    base = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "TERM")}
+    assert "\x1b[2m" in banner({**base, "TERM": "xterm-256color"}, tty=True)
+    assert "\x1b[" not in banner({**base, "TERM": "dumb"}, tty=True)
+    assert "\x1b[" not in banner(base, tty=False)
+    assert "\x1b[2m" in banner({**base, "FORCE_COLOR": "1"}, tty=False)
 
 
 def test_a_profile_fills_only_the_options_not_typed(tmp_path, tiny_target):

@@ -18,11 +18,13 @@ from specli.cli.common import (
     TARGET_OPTION,
     THREADS_OPTION,
     VRAM_OPTION,
+    Terminated,
     app,
     err,
     given_options,
     one_line_errors,
 )
+from specli.errors import SpecliError
 
 BENCH_EPILOG = """
 Examples:
@@ -79,19 +81,34 @@ def bench(
     suites = [load_suite(s.strip()) for s in suite.split(",") if s.strip()] if not os.path.exists(suite) \
         else [load_suite(suite)]
     console = Console(stderr=True)
-    reports = []
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=True, disable=as_json and not console.is_terminal) as prog:
-        task = prog.add_task("bench", total=1)
-        for s in suites:
-            def progress(desc, done, total, _s=s):
-                prog.update(task, description=f"{_s.name} · {desc}", completed=done, total=total)
-            reports.append(run_bench(sess, s, mode_list, max_tokens, repeat, progress))
+    reports: list = []
+    partial: list = []  # the suite being measured, as far as it got
+
+    def keep(rep) -> None:
+        partial[:] = [rep]
+        if out:
+            write_report(out, [r.to_dict() for r in reports] + [{**rep.to_dict(), "partial": True}], len(suites))
+
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                      TimeElapsedColumn(), console=console, transient=True,
+                      disable=as_json and not console.is_terminal) as prog:
+            task = prog.add_task("bench", total=1)
+            for s in suites:
+                def progress(desc, done, total, _s=s):
+                    prog.update(task, description=f"{_s.name} · {desc}", completed=done, total=total)
+                reports.append(run_bench(sess, s, mode_list, max_tokens, repeat, progress, on_result=keep))
+                partial.clear()
+    except (KeyboardInterrupt, Terminated):
+        # Ctrl-C or SIGTERM: the --out file keeps every prompt measured so far, marked as such
+        if out and (reports or partial):
+            cut = [{**r.to_dict(), "partial": True, "interrupted": True} for r in partial]
+            write_report(out, [r.to_dict() for r in reports] + cut, len(suites))
+        raise
     sess.close()
     data = [r.to_dict() for r in reports]
     if out:
-        with open(out, "w", encoding="utf-8") as f:
-            json.dump(data if len(data) > 1 else data[0], f, indent=1)
+        write_report(out, data, len(suites))
     if as_json:
         print(json.dumps(data if len(data) > 1 else data[0], indent=1))
         return
@@ -99,3 +116,13 @@ def bench(
     render_tables(reports, Console(width=None if sys.stdout.isatty() else 160))
 
 
+def write_report(path: str, data: list[dict], n_suites: int) -> None:
+    """The JSON report (one object, or a list for several suites), replaced whole: a signal
+    arriving mid-write never leaves half a file."""
+    tmp = f"{path}.partial"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data if n_suites > 1 else data[0], f, indent=1)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise SpecliError(f"cannot write the report to {path}: {e.strerror or e}") from None

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
+import threading
 from typing import Optional
 
 import typer
@@ -32,11 +34,25 @@ def error_line(e: SpecliError) -> str:
     return f"error: {e}" + (f"; {e.hint}" if e.hint else "")
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread as Ctrl-C raises KeyboardInterrupt: ``finally`` blocks
+    and context managers clean up on the way out. Not a KeyboardInterrupt, so code that stops
+    a reply on Ctrl-C (run, chat) does not take it for one; exit status 143 (128 + 15)."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
 def one_line_errors(fn):
-    """Bad input ends in one line on stderr and a non-zero exit, never a traceback."""
+    """Bad input ends in one line on stderr and a non-zero exit, never a traceback. Ctrl-C
+    (SIGINT) ends in ``specli: interrupted`` and status 130, SIGTERM in ``specli: terminated``
+    and 143."""
 
     @functools.wraps(fn)
     def wrapper(*a, **kw):
+        main = threading.current_thread() is threading.main_thread()
+        old = signal.signal(signal.SIGTERM, _raise_terminated) if main else None
         try:
             return fn(*a, **kw)
         except SpecliError as e:
@@ -45,6 +61,9 @@ def one_line_errors(fn):
         except KeyboardInterrupt:
             err("interrupted")
             raise typer.Exit(130)
+        except Terminated:
+            err("terminated")
+            raise typer.Exit(143)
         except (typer.Exit, typer.Abort):
             raise
         except Exception as e:  # noqa: BLE001
@@ -52,6 +71,9 @@ def one_line_errors(fn):
                 raise
             err(f"internal error: {type(e).__name__}: {e} (set SPECLI_DEBUG=1 for a traceback)")
             raise typer.Exit(70)
+        finally:
+            if main:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL if old is None else old)
 
     return wrapper
 

@@ -8,11 +8,13 @@ lookup; part of the target on the GPU with prompt lookup; CPU only.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
 from specli.errors import SpecliError
 from specli.resolve.gguf_header import GGUFHeader
+from specli.resolve.wheels import fmt_size
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -31,6 +33,7 @@ class ModelMemory:
     kv_bytes_per_token: int  # all layers, K and V
     n_vocab: int
     n_embd: int
+    tied: bool = False  # no output tensor: the output head is token_embd (a copy of it on a device)
 
     @property
     def weights(self) -> int:
@@ -54,6 +57,16 @@ class ModelMemory:
         kv = self.kv_bytes_per_token * n_ctx * n // self.n_layer
         return w + kv + self.compute(n_batch)
 
+    def cpu_bytes(self, n_gpu_layers: int, n_ctx: int, n_batch: int = 512) -> int:
+        """Host memory for what stays on the CPU with ``n_gpu_layers`` offloaded: the token
+        embeddings (always), the layers left and their KV, and, unless everything is offloaded,
+        the output head (a tied one is the embeddings themselves) and the compute buffers."""
+        full = n_gpu_layers < 0 or n_gpu_layers > self.n_layer
+        left = 0 if full else self.n_layer - max(0, n_gpu_layers)
+        head = 0 if full else self.output_bytes - (self.input_bytes if self.tied else 0)
+        kv = self.kv_bytes_per_token * n_ctx * left // self.n_layer
+        return self.input_bytes + sum(self.layer_bytes[:left]) + head + kv + (0 if full else self.compute(n_batch))
+
 
 def memory_from_header(h: GGUFHeader, kv_type_bytes: float = 2.0, name: str = "") -> ModelMemory:
     n_layer = int(h.arch_key("block_count", 0) or 0)
@@ -73,7 +86,8 @@ def memory_from_header(h: GGUFHeader, kv_type_bytes: float = 2.0, name: str = ""
             inp += nb
         else:
             out += nb
-    if not any(t.name.startswith("output.") for t in h.tensors):
+    tied = not any(t.name.startswith("output.") for t in h.tensors)
+    if tied:
         out += inp  # tied embeddings: the output head is a copy of token_embd on the device
     n_embd = int(h.arch_key("embedding_length", 0) or 0)
     n_head = int(h.arch_key("attention.head_count", 1) or 1)
@@ -86,7 +100,7 @@ def memory_from_header(h: GGUFHeader, kv_type_bytes: float = 2.0, name: str = ""
     kv_tok = int(n_layer * n_head_kv * (k_len + v_len) * kv_type_bytes)
     n_vocab = len(h.get("tokenizer.ggml.tokens", [])) or int(h.arch_key("vocab_size", 32000) or 32000)
     return ModelMemory(name or str(h.get("general.name", "model")), n_layer, tuple(layers), out, inp, kv_tok,
-                       n_vocab, n_embd)
+                       n_vocab, n_embd, tied)
 
 
 @dataclass(frozen=True)
@@ -147,6 +161,52 @@ def make_plan(target: ModelMemory, draft: ModelMemory | None, budget: int | None
     return Plan(0, fallback, 0, "cpu-lookup",
                 f"not even one target layer fits in {fmt(budget)} free: everything on the CPU"
                 + (", using prompt lookup" if fallback == "lookup" else ""))
+
+
+class HostMemoryTooSmall(SpecliError):
+    hint = "use a smaller --ctx or a smaller quantisation of the model (e.g. Q4_K_M instead of Q8_0)"
+
+    def __init__(self, name: str, need: int, weights: int, kv: int, available: int, source: str, where: str):
+        super().__init__(f"{name} needs {fmt_size(need)} of memory {where} (weights {fmt_size(weights)}, "
+                         f"KV cache {fmt_size(kv)}, buffers {fmt_size(need - weights - kv)}), but only "
+                         f"{fmt_size(available)} is available ({source})")
+        self.need, self.available = need, available
+
+
+def check_host_memory(target: ModelMemory, n_gpu_layers: int, n_ctx: int, available: int | None,
+                      source: str = "", n_batch: int = 512) -> None:
+    """Refuse, before anything loads, a target whose CPU part does not fit in ``available``
+    bytes of host memory (None: unknown, no check). The GPU part is the plan's business."""
+    need = target.cpu_bytes(n_gpu_layers, n_ctx, n_batch)
+    if available is None or need <= available:
+        return
+    full = n_gpu_layers < 0 or n_gpu_layers > target.n_layer
+    left = 0 if full else target.n_layer - max(0, n_gpu_layers)
+    kv = target.kv_bytes_per_token * n_ctx * left // target.n_layer
+    buffers = 0 if full else target.compute(n_batch)
+    where = ("on the CPU" if n_gpu_layers == 0 else
+             f"for the part left on the CPU ({left}/{target.n_layer} layers)")
+    raise HostMemoryTooSmall(target.name, need, need - kv - buffers, kv, available, source,
+                             f"{where} at --ctx {n_ctx}")
+
+
+def available_ram() -> tuple[int | None, str]:
+    """Host memory a model may use, and where the figure comes from: SPECLI_RAM (e.g. 8GiB),
+    else Linux's MemAvailable (free plus reclaimable cache), else the physical memory; None
+    where none of these can be read."""
+    if os.environ.get("SPECLI_RAM"):
+        return parse_size(os.environ["SPECLI_RAM"]), "SPECLI_RAM"
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "MemAvailable in /proc/meminfo"
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical memory"
+    except (AttributeError, ValueError, OSError):
+        return None, ""
 
 
 _SIZE = re.compile(r"^\s*([\d.]+)\s*([kmgt]i?b?|b)?\s*$", re.I)

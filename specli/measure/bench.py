@@ -140,9 +140,12 @@ def schedule(modes: list[str], n_prompts: int) -> list[tuple[int, str]]:
 
 
 def run_bench(sess: Session, suite: Suite, modes: list[str], max_tokens: int = 128, repeat: int = 1,
-              progress: Callable[[str, int, int], None] | None = None, chat: bool | None = None) -> BenchReport:
+              progress: Callable[[str, int, int], None] | None = None, chat: bool | None = None,
+              on_result: Callable[[BenchReport], None] | None = None) -> BenchReport:
     """Every mode over ``suite`` on the session's target, drafters built by the session (the
-    same construction, hardware plan and settings as ``specli run``)."""
+    same construction, hardware plan and settings as ``specli run``). ``on_result`` gets the
+    report as far as it got after the warm-ups and after every measured prompt (``--out``
+    keeps it, so an interrupted run leaves the prompts it finished)."""
     target, ctx = sess.target, sess.ctx
     draft_max = sess.opts.spec.draft_max
     use_chat = target.chat_template() is not None if chat is None else chat
@@ -176,6 +179,11 @@ def run_bench(sess: Session, suite: Suite, modes: list[str], max_tokens: int = 1
         if sp.temperature == 0 and first_pass:
             outputs[(mode, sp.id)] = (toks, out)
 
+    def report() -> BenchReport:
+        _compare(ctx, outputs, results)
+        return BenchReport(target.path, sess.draft_path, suite.name, max_tokens, repeat, ctx.threads, results,
+                           sess.placement())
+
     # warm-ups, modes without the draft model first: peak memory with and without it
     for mode in sorted(modes, key=lambda m: m in NEEDS_DRAFT):
         if progress:
@@ -187,15 +195,20 @@ def run_bench(sess: Session, suite: Suite, modes: list[str], max_tokens: int = 1
         except Exception as e:  # noqa: BLE001 - a comparison mode that fails is a row that says so
             if mode != "llama-cpp-python-lookup":
                 raise
-            results[mode].error = f"{type(e).__name__}: {e}"
+            results[mode].error = _one_line(e)
         done += 1
         results[mode].peak_rss_mb = _peak_rss_mb()
     live = [m for m in modes if not results[m].error]
+    if on_result:
+        on_result(report())
     # measured runs, interleaved: in each round every mode runs a different prompt, so slow
     # drifts of the machine hit every mode alike
     for rep in range(repeat):
         for sp_i, mode in schedule(live, len(prompts)):
             sp, toks = prompts[sp_i]
+            if results[mode].error:  # a comparison mode that failed on an earlier prompt: its row says why
+                done += 1
+                continue
             if progress:
                 progress(f"{mode}: {sp.id}", done, total)
             try:
@@ -203,20 +216,27 @@ def run_bench(sess: Session, suite: Suite, modes: list[str], max_tokens: int = 1
             except Exception as e:  # noqa: BLE001
                 if mode != "llama-cpp-python-lookup":
                     raise
-                results[mode].error = f"{type(e).__name__}: {e}"
+                results[mode].error = _one_line(e)
             done += 1
-    # lossless check: every mode's greedy tokens against plain decoding's
+            if on_result:
+                on_result(report())
+    return report()
+
+
+def _compare(ctx, outputs: dict, results: dict[str, ModeResult]) -> None:
+    """Every mode's greedy tokens against plain decoding's (each prompt once), and speedups."""
     for (mode, pid), (toks, out) in outputs.items():
         ref = outputs.get(("plain", pid))
-        if mode != "plain" and ref is not None:
+        if mode != "plain" and ref is not None and pid not in results[mode].lossless:
             d = divergence(ctx, toks, ref[1], out)
             results[mode].lossless[pid] = "identical" if d is None else d.describe()
-    if "plain" in results and results["plain"].tokens_per_s:
-        base = results["plain"].tokens_per_s
-        for r in results.values():
-            r.speedup = r.tokens_per_s / base if r.tokens else None
-    return BenchReport(target.path, sess.draft_path, suite.name, max_tokens, repeat, ctx.threads, results,
-                       sess.placement())
+    base = results["plain"].tokens_per_s if "plain" in results else 0.0
+    for r in results.values():
+        r.speedup = r.tokens_per_s / base if base and r.tokens else None
+
+
+def _one_line(e: Exception) -> str:
+    return " ".join(f"{type(e).__name__}: {e}".split())
 
 
 def _as_session_mode(mode: str) -> str:

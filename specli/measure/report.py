@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from specli.measure.bench import BenchReport
@@ -13,6 +14,9 @@ COLUMNS = ("mode", "tok/s", "speedup", "drafted", "accepted", "accept %", "mean 
 
 def _rows(rep: BenchReport):
     for m, r in rep.results.items():
+        if r.error and not r.tokens:  # a comparison mode that could not run: the line under the table says why
+            yield (m, "failed", *["—"] * (len(COLUMNS) - 2))
+            continue
         same = "—"
         if r.lossless:
             n_same = sum(v == "identical" for v in r.lossless.values())
@@ -25,6 +29,8 @@ def _rows(rep: BenchReport):
 
 def _differences(rep: BenchReport):
     for m, r in rep.results.items():
+        if r.error:
+            yield m, None, f"failed: {r.error}"
         for pid, verdict in r.lossless.items():
             if verdict != "identical":
                 yield m, pid, verdict
@@ -40,7 +46,8 @@ def render_tables(reports: list[BenchReport], console: Console) -> None:
             t.add_row(*row)
         console.print(t)
         for m, pid, v in _differences(rep):
-            console.print(f"  [yellow]{m}[/] on {pid}: {v}")
+            console.print(f"  [yellow]{m}[/]" + (f" on {escape(pid)}" if pid else "") + f": {escape(v)}",
+                          highlight=False, soft_wrap=True)
 
 
 def markdown(reports: list[BenchReport]) -> str:
@@ -54,6 +61,6 @@ def markdown(reports: list[BenchReport]) -> str:
         diffs = list(_differences(rep))
         if diffs:
             out.append("")
-            out.extend(f"- {m} on `{pid}`: {v}" for m, pid, v in diffs)
+            out.extend(f"- {m}" + (f" on `{pid}`" if pid else "") + f": {v}" for m, pid, v in diffs)
         out.append("")
     return "\n".join(out)
