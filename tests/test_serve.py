@@ -20,7 +20,7 @@ from specli.serve.runner import background, is_loopback
 from specli.serve.worker import StopScanner
 from specli.session import Options, Session
 
-CTX = 512
+CTX = 1024
 PROMPT = "Write a short story about a lighthouse keeper."
 
 
@@ -88,8 +88,14 @@ def test_chat_greedy_is_specli_run_streamed_or_not(client, model_id, tiny_target
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == ref["text"]
     assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["length"]
     assert chunks[-1].usage.completion_tokens == 40
-    # the second request found the chat template's prefix (at least) in the KV cache
-    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
+    # a cached prompt is reused in whole batches only (so a repeated prompt is evaluated in the
+    # blocks a fresh run uses): this one is shorter than a batch
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 0
+    long_text = "word " * 560  # > 512 tokens
+    first = chat(client, model_id, text=long_text, temperature=0, max_tokens=4)
+    again = chat(client, model_id, text=long_text, temperature=0, max_tokens=4)
+    assert first.usage.prompt_tokens > 512 and again.usage.prompt_tokens_details.cached_tokens == 512
+    assert again.choices[0].message.content == first.choices[0].message.content
 
 
 def test_stream_usage_chunk_on_request(client, model_id):
