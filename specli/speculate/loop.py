@@ -101,7 +101,7 @@ class Stats(AcceptanceRates):
             s += (f" | drafted {self.drafted}, accepted {self.accepted} ({100 * self.acceptance:.0f}%),"
                   f" mean accepted {self.mean_accepted:.2f}/step over {self.spec_steps} steps,"
                   f" {self.plain_steps} plain steps | draft {self.t_draft:.2f}s, verify {self.t_verify:.2f}s")
-        return s + f" | stop: {self.stop}"
+        return s + f" | finish: {self.stop}"
 
 
 class Response:
