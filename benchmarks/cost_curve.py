@@ -3,18 +3,24 @@
 for every row) over one token, k = 0..32, on this machine. It sets how much speculation can
 gain: with every draft accepted, a step yields k + 1 tokens for cost[k] token-times.
 
-    python benchmarks/cost_curve.py [--target REF] [--threads N] [--gpu-layers N]
+    python benchmarks/cost_curve.py [--target REF] [--draft REF] [--threads N] [--gpu-layers N]
+                                    [--out curve.json]
+
+``--out`` writes the curve (seconds) and the draft model's cost per token as JSON, for
+``benchmarks/replay.py --costs FILE`` on any other machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import platform
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from specli.engine import Context, ContextConfig, Model  # noqa: E402
+from specli.engine import Context, ContextConfig, Model, system_info  # noqa: E402
 from specli.hardware import calibrate
 from specli.resolve import models  # noqa: E402
 
@@ -25,6 +31,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--gpu-layers", type=int, default=0)
     ap.add_argument("--k-max", type=int, default=32)
+    ap.add_argument("--draft", help="also time one token of this draft model")
+    ap.add_argument("--out", help="write the curve as JSON here")
     a = ap.parse_args()
     m = Model(models.resolve(a.target, progress=print), n_gpu_layers=a.gpu_layers)
     ctx = Context(m, ContextConfig(n_ctx=4096, n_threads=a.threads))
@@ -34,6 +42,17 @@ def main() -> None:
     for k in calibrate.measured_points(a.k_max):
         r = costs[k] / costs[0]
         print(f"| {k + 1} | {r:.2f} | {(k + 1) / r:.2f}× |")
+    draft = None
+    if a.draft:
+        dm = Model(models.resolve(a.draft, progress=print), n_gpu_layers=a.gpu_layers)
+        draft = calibrate.draft_token_cost(Context(dm, ContextConfig(n_ctx=4096, n_threads=a.threads)), use_cache=False)
+        print(f"draft {os.path.basename(dm.path)}: one token {draft * 1000:.1f} ms ({draft / costs[0]:.2f} of the target's)")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"verify": costs, "draft_token": draft or 0.0, "model": os.path.basename(m.path),
+                       "machine": f"{platform.machine()}, {ctx.threads} threads, {a.gpu_layers} GPU layers",
+                       "system": system_info()}, f, indent=1)
+        print(f"curve: {a.out}")
 
 
 if __name__ == "__main__":

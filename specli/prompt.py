@@ -4,12 +4,16 @@ sandbox, as llama.cpp and transformers render it) or the raw text."""
 from __future__ import annotations
 
 import datetime
+from typing import TYPE_CHECKING
 
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from specli.engine import Model
-from specli.errors import NoChatTemplate
+from specli.errors import NoChatTemplate, SpecliError
+
+if TYPE_CHECKING:
+    from specli.measure.suite import SuitePrompt
 
 
 def _raise(msg):
@@ -50,4 +54,17 @@ def build_prompt(model: Model, text: str, chat: bool, system: str | None = None)
     if not chat:
         return tokenize_prompt(model, text, templated=False)
     msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+    return tokenize_prompt(model, chat_text(model, msgs), templated=True)
+
+
+def prompt_tokens(model: Model, p: SuitePrompt, chat: bool) -> list[int]:
+    """Tokens for a suite prompt: its text as ``build_prompt`` makes it, or its whole
+    conversation (``messages``) rendered with the model's chat template."""
+    if not p.messages:
+        return build_prompt(model, p.text, chat)
+    if not chat:
+        why = f"{model.name} has no chat template" if model.chat_template() is None else "chat formatting is off"
+        raise SpecliError(f"prompt '{p.id}' is a conversation ('messages') and needs the model's chat template, "
+                          f"but {why}")
+    msgs = [{"role": role, "content": content} for role, content in p.messages]
     return tokenize_prompt(model, chat_text(model, msgs), templated=True)

@@ -16,11 +16,9 @@ from specli.prompt import build_prompt
 from specli.resolve import hub, models, profiles, vocab
 from specli.resolve.gguf_header import MTP_ARCHITECTURES, read_gguf, vocab_from_header
 from specli.resolve.profiles import ModelSpec, Profile
-from specli.speculate.adaptive import AdaptiveDrafter
-from specli.speculate.controller import Controller, CostModel
+from specli.speculate.adaptive import adaptive_drafter, lookup_drafter
 from specli.speculate.drafters import (
     Drafter,
-    LookupDrafter,
     ModelDrafter,
     NoDrafter,
 )
@@ -260,8 +258,7 @@ class Session:
         if mode == "none":
             return NoDrafter()
         kind, fixed = mode.removesuffix("-fixed"), mode.endswith("-fixed")
-        lookup = (LookupDrafter(*s.lookup_ngram, min_match=s.lookup_min_match)
-                  if kind in ("lookup", "hybrid", "mtp-lookup") else None)
+        lookup = lookup_drafter(s) if kind in ("lookup", "hybrid", "mtp-lookup") else None
         model: ModelDrafter | MTPDrafter | None = None
         if kind in ("model", "hybrid"):
             model = self.model_drafter()
@@ -273,7 +270,7 @@ class Session:
             dcost = calibrate.cached_cost("mtp", self.ctx, model.token_cost)
         else:
             dcost = calibrate.draft_token_cost(model.ctx) if model else 0.0
-        return AdaptiveDrafter(Controller(CostModel(self.verify_costs(), dcost), k_max=s.draft_max), lookup, model)
+        return adaptive_drafter(s, self.verify_costs(), dcost, lookup, model)
 
     def placement(self) -> dict:
         """Where each model runs, for reports."""

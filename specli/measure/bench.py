@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable
 
 from specli.measure.lossless import divergence
 from specli.measure.suite import Suite
-from specli.prompt import build_prompt
+from specli.prompt import prompt_tokens
 from specli.speculate.loop import AcceptanceRates, Stats
 from specli.speculate.verify import SamplingParams
 
@@ -149,7 +149,7 @@ def run_bench(sess: Session, suite: Suite, modes: list[str], max_tokens: int = 1
     target, ctx = sess.target, sess.ctx
     draft_max = sess.opts.spec.draft_max
     use_chat = target.chat_template() is not None if chat is None else chat
-    prompts = [(p, build_prompt(target, p.text, use_chat)) for p in suite.prompts]
+    prompts = [(p, prompt_tokens(target, p, use_chat)) for p in suite.prompts]
     lcp = None
     available = set(sess.modes())
     modes = [m for m in MODES if m in modes and (m in NEEDS_NOTHING or _as_session_mode(m) in available)]

@@ -1,5 +1,4 @@
-"""Prompt suites for measuring: the shipped ones (code, grounded, chat, unpredictable) or a
-user's YAML / JSONL file."""
+"""Prompt suites for measuring: the shipped ones (``BUILTIN_SUITES``) or a user's YAML / JSONL file."""
 
 from __future__ import annotations
 
@@ -12,11 +11,14 @@ import yaml
 
 from specli.errors import SpecliError
 
-BUILTIN_SUITES = ("code", "grounded", "chat", "unpredictable")
+BUILTIN_SUITES = ("code", "grounded", "chat", "unpredictable",
+                  "multiturn", "translation", "summarise", "qa", "maths", "rag")
 # the prompt itself: `text`, or `prompt` (common in JSONL sets), or `turns` (multi-turn sets such as
-# MT-Bench / Spec-Bench: the first turn is used); `question_id` names it there, `category` and
-# `reference` are their metadata (kept out of the prompt)
-TEXT_KEYS = ("text", "prompt", "turns")
+# MT-Bench / Spec-Bench: the first turn is used), or `messages` (a whole conversation, rendered with
+# the model's chat template); `question_id` names it there, `category` and `reference` are their
+# metadata (kept out of the prompt)
+TEXT_KEYS = ("text", "prompt", "turns", "messages")
+ROLES = ("system", "user", "assistant")
 PROMPT_KEYS = {"id", "question_id", "category", "reference", "temperature", "top_p", "top_k", "max_tokens",
                *TEXT_KEYS}
 
@@ -29,6 +31,8 @@ class SuitePrompt:
     top_p: float = 1.0
     top_k: int = 0
     max_tokens: int | None = None
+    # a conversation as (role, content) pairs ending with a user turn; `text` is then its last user turn
+    messages: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -52,6 +56,28 @@ def _first_turn(turns, where: str) -> str:
     return users[0]["content"]
 
 
+def _messages(msgs, where: str) -> tuple[tuple[str, str], ...]:
+    """A `messages` list: {role, content} mappings, roles system (first only) / user / assistant,
+    ending with a user turn."""
+    if not isinstance(msgs, list) or not msgs:
+        raise SpecliError(f"{where}: 'messages' must be a non-empty list of {{role, content}} mappings")
+    out = []
+    for n, m in enumerate(msgs, 1):
+        if not isinstance(m, dict) or set(m) != {"role", "content"}:
+            raise SpecliError(f"{where}: message {n} must be a mapping with exactly 'role' and 'content'")
+        role, content = m["role"], m["content"]
+        if role not in ROLES:
+            raise SpecliError(f"{where}: message {n} has role {role!r}; roles are {', '.join(ROLES)}")
+        if role == "system" and n != 1:
+            raise SpecliError(f"{where}: message {n} is a system message; only the first may be one")
+        if not isinstance(content, str) or not content.strip():
+            raise SpecliError(f"{where}: message {n} has no content")
+        out.append((role, content))
+    if out[-1][0] != "user":
+        raise SpecliError(f"{where}: 'messages' must end with a user message (the last is {out[-1][0]!r})")
+    return tuple(out)
+
+
 def _prompt(d: dict, where: str, i: int) -> SuitePrompt:
     if not isinstance(d, dict):
         raise SpecliError(f"{where}: prompt {i + 1} must be a mapping with 'text'")
@@ -62,20 +88,25 @@ def _prompt(d: dict, where: str, i: int) -> SuitePrompt:
     given = [k for k in TEXT_KEYS if k in d]
     if len(given) > 1:
         raise SpecliError(f"{where}: prompt {i + 1} has both '{given[0]}' and '{given[1]}'; give one")
+    messages = ()
     if not given:
         text = None
+    elif given[0] == "messages":
+        messages = _messages(d["messages"], f"{where}: prompt {i + 1}")
+        text = messages[-1][1]
     elif given[0] == "turns":
         text = _first_turn(d["turns"], f"{where}: prompt {i + 1}")
     else:
         text = d[given[0]]
     if not isinstance(text, str) or not text.strip():
-        raise SpecliError(f"{where}: prompt {i + 1} has no text (give 'text', 'prompt' or 'turns')")
+        raise SpecliError(f"{where}: prompt {i + 1} has no text (give 'text', 'prompt', 'turns' or 'messages')")
     pid = d.get("id", d.get("question_id", f"p{i + 1}"))
     try:
         return SuitePrompt(id=str(pid), text=text,
                            temperature=float(d.get("temperature", 0.0)), top_p=float(d.get("top_p", 1.0)),
                            top_k=int(d.get("top_k", 0)),
-                           max_tokens=None if d.get("max_tokens") is None else int(d["max_tokens"]))
+                           max_tokens=None if d.get("max_tokens") is None else int(d["max_tokens"]),
+                           messages=messages)
     except (TypeError, ValueError) as e:
         raise SpecliError(f"{where}: prompt {i + 1}: {e}") from None
 

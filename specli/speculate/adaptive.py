@@ -8,6 +8,7 @@ from typing import Sequence
 from specli.speculate.controller import (
     Acceptance,
     Controller,
+    CostModel,
     lookup_key,
     marginal_token_pays,
 )
@@ -20,9 +21,16 @@ from specli.speculate.drafters import (
     ModelDrafter,
     Source,
 )
+from specli.speculate.settings import SpecSettings
 from specli.tokens import common_prefix
 
 CONFIDENCE_BINS = (0.3, 0.5, 0.7, 0.85, 0.95, 1.01)
+# a draft model's step teaches what a drafted token costs when its catch-up was this short
+# (the target's token, the last drafted one); the first step's, over the whole prompt, does not
+CATCH_UP_PRICED = 2
+# a model draft that runs into a copy of the context this long hands over to prompt lookup
+# (shorter matches recur by chance in code: "):\n    " is no copy)
+HANDOVER_MATCH = 4
 
 
 def confidence_bin(p: float) -> int:
@@ -36,13 +44,17 @@ class AdaptiveDrafter(Drafter):
     """Prompt lookup and/or a draft model under one cost-aware controller.
 
     The model drafter is a draft model or the target's own MTP layers (anything with
-    ``propose(context, max_len, keep_going)`` and a ``source``). Each step it asks the controller which source and how many tokens pay best, given the
-    measured verify costs and what each source's drafts have been worth so far; lookup is
-    tried first (free), the draft model drafts only when it beats both lookup and plain
-    decoding, and stops as soon as its next token no longer pays. Lookup is scored on its
-    whole proposal against what the target emitted, also on steps it did not draft or drafted
-    only part of (shadow accounting), so it is picked up again as soon as the text starts to
-    repeat, and short drafts that all pass still teach how far a copy goes on.
+    ``propose(context, max_len, keep_going)``, ``behind(context)`` and a ``source``). Each
+    step it asks the controller which source and how many tokens pay best, given the measured
+    verify costs and what each source's drafts have been worth so far; lookup is tried first
+    (free), the draft model drafts only when it beats both lookup and plain decoding (its
+    step priced with the catch-up on what the target emitted since it last drafted), and
+    stops as soon as its next token no longer pays, or as soon as its draft runs into text
+    the context holds (a match of ``HANDOVER_MATCH`` tokens): lookup's copy then finishes the
+    draft for free. Lookup is scored on its whole proposal against what the target emitted,
+    also on steps it did not draft or drafted only part of (shadow accounting), so it is
+    picked up again as soon as the text starts to repeat, and short drafts that all pass
+    still teach how far a copy goes on.
     """
 
     def __init__(self, controller: Controller, lookup: LookupDrafter | None = None,
@@ -58,7 +70,8 @@ class AdaptiveDrafter(Drafter):
         kind = self.msource.kind
         self.name = ("hybrid" if lookup and kind == "model" else kind) if model is not None else "lookup"
         self.bins = [Acceptance(first=min(e, 1.0), rest=min(e, 1.0)) for e in CONFIDENCE_BINS]
-        self._pending: tuple[Source, list[int]] | None = None  # lookup proposal not drafted
+        self._model_at = 0  # the context length when the model last drafted
+        self._pending: tuple[Source, list[int]] | None = None  # lookup's proposal
         self.last = None  # the last Decision, for tests and stats
 
     def propose(self, context: Sequence[int], max_len: int) -> Draft:
@@ -74,11 +87,18 @@ class AdaptiveDrafter(Drafter):
                 # a copy is trusted about as far again as it has matched: a 2-token match that
                 # happens to recur cannot buy a 16-token block, a copy in sync can
                 cands[look_key] = min(len(look), 2 * match)
+        behind = lacks = 1
         if self.model is not None:
             cands[self.msource] = max_len
-        dec = self.ctl.decide(cands, k_cap=max_len)
+            # a model that drafts catches up on the prompt once: what the target emitted since
+            # it last drafted is this step's to pay for
+            lacks = self.model.behind(context)
+            behind = min(lacks, len(context) - self._model_at + 1) if self._model_at else 1
+        dec = self.ctl.decide(cands, k_cap=max_len, behind=behind, probe_behind=lacks)
         self.last = dec
         self._pending = (look_key, look) if look else None
+        if dec.k and dec.source == self.msource:
+            self._model_at = len(context)
         if dec.k == 0:
             return Draft([])
         if dec.source.kind == "lookup":
@@ -87,26 +107,49 @@ class AdaptiveDrafter(Drafter):
             return self.model.propose(context, dec.k, p_min=0.0)
         ctl = self.ctl
         p_all = 1.0
+        copy: list[int] = []
 
-        def keep_going(i: int, p_top: float) -> bool:
-            nonlocal p_all
+        def keep_going(i: int, p_top: float, toks: list[int]) -> bool:
+            nonlocal p_all, copy
+            if i and self.lookup is not None:  # ran into text the context holds: copy the rest
+                copy = self.lookup.continuation(context, toks, max_len - i, HANDOVER_MATCH)
+                if copy:
+                    return False
             p_all *= self.bins[confidence_bin(p_top)].alpha
             return i == 0 or marginal_token_pays(p_all, i, ctl.cost.verify, ctl.cost.draft_token, dec.rate)
 
-        return self.model.propose(context, max_len, keep_going, p_min=0.0)
+        d = self.model.propose(context, max_len, keep_going, p_min=0.0)
+        if copy and len(d.tokens) < max_len:
+            d = Draft(d.tokens + copy[:max_len - len(d.tokens)], d.source, d.confidence, d.caught_up)
+        return d
 
     def observe(self, draft: Draft, n_accepted: int, emitted: list[int], t_draft: float, t_verify: float) -> None:
         ctl = self.ctl
         k = len(draft.tokens)
         ctl.cost.observe_verify(k, t_verify)
         if draft.source == self.msource:
-            ctl.cost.observe_draft(k + 1, t_draft)
+            own = len(draft.confidence)  # the model's own tokens; a copy may follow them
+            if draft.caught_up <= CATCH_UP_PRICED:  # a long catch-up (the prompt) says nothing of a draft's cost
+                ctl.cost.observe_draft(own + 1, t_draft - ctl.cost.draft_token * (ctl.batch_ratio(draft.caught_up) - 1.0))
             for i, c in enumerate(draft.confidence[: n_accepted + 1]):
                 self.bins[confidence_bin(c)].observe(1, 1 if i < n_accepted else 0)
-            if k:
-                ctl.observe(self.msource, k, n_accepted)
+            if own:
+                ctl.observe(self.msource, own, min(n_accepted, own))
         if self._pending:  # lookup is scored on its whole proposal, drafted or not
             key, look = self._pending
             agree = common_prefix(look, emitted)
             ctl.observe(key, min(len(look), agree + 1, len(emitted)), agree)
             self._pending = None
+
+
+def lookup_drafter(s: SpecSettings) -> LookupDrafter:
+    """Prompt lookup as the settings ask for it."""
+    return LookupDrafter(*s.lookup_ngram, min_match=s.lookup_min_match)
+
+
+def adaptive_drafter(s: SpecSettings, verify: list[float], draft_token: float, lookup: LookupDrafter | None,
+                     model=None) -> AdaptiveDrafter:
+    """specli's adaptive policy as every command builds it (``Session.drafter_for``) and as the
+    replay benchmark replays it: the controller over the measured verify curve and the
+    drafter's cost per token."""
+    return AdaptiveDrafter(Controller(CostModel(list(verify), draft_token), k_max=s.draft_max), lookup, model)

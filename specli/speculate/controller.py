@@ -190,28 +190,47 @@ class Controller:
             self.sources[source] = prior(source)
         return self.sources[source]
 
-    def draft_costs(self, source: Source) -> tuple[float, float]:
-        """(per drafted token, per step) seconds of a drafter. A draft model also catches up on
-        the tokens the target emitted, one pass a step; MTP is fed inside the target's pass."""
+    def batch_ratio(self, n: int) -> float:
+        """A pass over n tokens over a pass over one, by the target's verify curve (a draft
+        model catching up is priced by the same shape); past the curve's end, on the slope of
+        its upper half."""
+        v = self.cost.verify
+        if v[0] <= 0:
+            return float(max(n, 1))
+        if n <= len(v):
+            return v[max(n, 1) - 1] / v[0]
+        h = len(v) // 2
+        slope = (v[-1] - v[h]) / max(1, len(v) - 1 - h)
+        return (v[-1] + slope * (n - len(v))) / v[0]
+
+    def draft_costs(self, source: Source, behind: int = 1) -> tuple[float, float]:
+        """(per drafted token, per step) seconds of a drafter. A draft model also catches up,
+        once a step, on the ``behind`` tokens it has not seen (the target's last token; more
+        after plain steps), in one pass as wide; MTP is fed inside the target's pass."""
         if source.free:
             return 0.0, 0.0
-        return self.cost.draft_token, (self.cost.draft_token if source.kind == "model" else 0.0)
+        dt = self.cost.draft_token
+        return dt, (dt * self.batch_ratio(behind) if source.kind == "model" else 0.0)
 
-    def decide(self, candidates: dict[Source, int], k_cap: int | None = None) -> Decision:
+    def decide(self, candidates: dict[Source, int], k_cap: int | None = None, behind: int = 1,
+               probe_behind: int | None = None) -> Decision:
         """``candidates``: source -> most tokens it can draft this step (a lookup match may be
-        short), for the drafters that can propose now. Learned acceptance per source."""
+        short), for the drafters that can propose now. Learned acceptance per source.
+        ``behind``: the tokens a draft model's step is charged for catching up on first;
+        ``probe_behind``: those a probe is (all it lacks, the prompt too: a probe that does
+        not pay leaves that cost behind for nothing)."""
         k_lim = self.k_max if k_cap is None else min(self.k_max, k_cap)
         plain_rate = step_rate(0.0, 0, self.cost.verify, 0.0)
         best = Decision(NONE, 0, plain_rate, plain_rate)
         for src, avail in candidates.items():
             a = self.acceptance(src)
-            dt, ds = self.draft_costs(src)
+            dt, ds = self.draft_costs(src, behind)
             k, rate = best_length(a.alpha_rest, self.cost.verify, dt, min(k_lim, avail), ds, a.alpha_first)
             if k > 0 and rate > best.rate:
                 best = Decision(src, k, rate, plain_rate)
         if best.k == 0:
             self.plain_streak += 1
-            probe = self._probe(candidates, k_lim, plain_rate)
+            probe = self._probe(candidates, k_lim, plain_rate, behind if probe_behind is None else probe_behind)
             if probe is not None:
                 return probe
             self.plain_steps += 1
@@ -221,19 +240,22 @@ class Controller:
                 self.probe_gap = self.probe_every
         return best
 
-    def _probe(self, candidates: dict[Source, int], k_lim: int, plain_rate: float) -> Decision | None:
+    def _probe(self, candidates: dict[Source, int], k_lim: int, plain_rate: float, behind: int) -> Decision | None:
         """Now and then, draft a little with a paid drafter that is currently off, to notice
         when its drafts turn good. Never for a drafter that would lose even if it were always
-        right (its cost alone rules it out), and less often after each probe that changes
-        nothing (the gap doubles, up to 16 times)."""
+        right (its cost alone rules it out) or when catching up on the text would cost more
+        than a token (a slow draft model far behind), and less often after each probe that
+        changes nothing (the gap doubles, up to 16 times)."""
         if self.plain_streak < self.probe_gap or k_lim <= 0:
             return None
         for src in candidates:
             if src.free:
                 continue
-            dt, ds = self.draft_costs(src)
+            dt, ds = self.draft_costs(src, behind)
             if best_length(0.95, self.cost.verify, dt, k_lim, ds, 0.95)[0] == 0:
                 continue
+            if ds > self.cost.verify[0]:
+                continue  # catching up (on the prompt, say) would cost more than a token
             self.plain_streak = 0
             self.probe_gap = min(self.probe_gap * 2, self.probe_every * 16)
             self.probes += 1

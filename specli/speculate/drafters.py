@@ -17,6 +17,7 @@ import numpy as np
 from specli.engine import Context, ContextConfig, Model
 from specli.speculate.lookup import NgramIndex, Substitutions
 from specli.speculate.settings import DEFAULTS
+from specli.tokens import common_prefix
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,9 @@ class Draft:
     # per drafted token: the drafter's confidence (draft model: its top probability;
     # lookup: the matched n-gram length), for the adaptive controller and the stats
     confidence: list[float] = field(default_factory=list)
+    # context tokens a draft model evaluated before drafting (catching up on what the target
+    # emitted; the whole prompt at the first step): not a cost of the drafted tokens
+    caught_up: int = 0
 
 
 class Drafter:
@@ -64,19 +68,26 @@ class Drafter:
         pass
 
 
-def greedy_drafts(first_row: np.ndarray, step: Callable[[int], np.ndarray], max_len: int, is_eog: Callable[[int], bool],
-                  p_min: float, keep_going: Callable[[int, float], bool] | None = None) -> tuple[list[int], list[float]]:
+def row_top(row: np.ndarray) -> tuple[int, float]:
+    """A logits row's argmax and its probability."""
+    tok = int(row.argmax())
+    return tok, 1.0 / float(np.exp(row - row[tok], dtype=np.float32).sum())
+
+
+def greedy_drafts(first_row, step: Callable[[int], object], max_len: int, is_eog: Callable[[int], bool],
+                  p_min: float, keep_going: Callable[[int, float, list[int]], bool] | None = None,
+                  top: Callable[[object], tuple[int, float]] = row_top) -> tuple[list[int], list[float]]:
     """A model's greedy draft: from the logits ``first_row``, take the argmax, feed it with
     ``step(token) -> next row``, and so on. Before adding token i (0-based) with top probability
-    p, stop if p < p_min (never before the first) or ``keep_going(i, p)`` says it no longer
-    pays. Returns the tokens and their top probabilities."""
+    p, stop if p < p_min (never before the first) or ``keep_going(i, p, tokens so far)`` says
+    it no longer pays. Returns the tokens and their top probabilities. ``top`` reads a row's argmax and
+    its probability (the replay hands recorded (token, p) pairs instead of logits)."""
     toks: list[int] = []
     conf: list[float] = []
     row = first_row
     while True:
-        tok = int(row.argmax())
-        p_top = 1.0 / float(np.exp(row - row[tok], dtype=np.float32).sum())
-        if (toks and p_top < p_min) or (keep_going is not None and not keep_going(len(toks), p_top)):
+        tok, p_top = top(row)
+        if (toks and p_top < p_min) or (keep_going is not None and not keep_going(len(toks), p_top, toks)):
             break
         toks.append(tok)
         conf.append(p_top)
@@ -126,6 +137,15 @@ class LookupDrafter(Drafter):
             toks = self.subs.apply(len(context), toks)
         return Draft(toks, LOOKUP, [float(n)] * len(toks))
 
+    def continuation(self, context: Sequence[int], drafted: Sequence[int], max_len: int,
+                     min_match: int) -> list[int]:
+        """What a copy would add after ``drafted`` (another drafter's tokens after the
+        ``context`` just proposed from), when those tokens run into text the context holds:
+        the tokens after the longest match, nothing if it is shorter than ``min_match``."""
+        tail = (list(context[-self.MATCH_CAP:]) + list(drafted))[-self.MATCH_CAP:]
+        toks, n = self.index.find(max_len, self.MATCH_CAP, tail)
+        return toks if n >= min_match and max_len > 0 else []
+
 
 class ModelDrafter(Drafter):
     """A smaller model with the same tokenizer drafts greedily, stopping early when its top
@@ -140,9 +160,9 @@ class ModelDrafter(Drafter):
         self.p_min = p_min
 
     def propose(self, context: Sequence[int], max_len: int,
-                keep_going: Callable[[int, float], bool] | None = None, p_min: float | None = None) -> Draft:
+                keep_going: Callable[[int, float, list[int]], bool] | None = None, p_min: float | None = None) -> Draft:
         """Draft up to ``max_len`` tokens greedily. Before adding token i (0-based) with top
-        probability p, stop if p < p_min (this call's, else the drafter's) or ``keep_going(i, p)``
+        probability p, stop if p < p_min (this call's, else the drafter's) or ``keep_going(i, p, tokens)``
         says it no longer pays."""
         p_min = self.p_min if p_min is None else p_min
         if max_len <= 0:
@@ -156,7 +176,11 @@ class ModelDrafter(Drafter):
         row = ctx.eval(list(context[kept:]))[0]
         ctx.mark(across_decodes=True)  # a recurrent draft model rolls its drafts back to here
         toks, conf = greedy_drafts(row, lambda t: ctx.eval([t])[0], max_len, self.model.is_eog, p_min, keep_going)
-        return Draft(toks, MODEL, conf)
+        return Draft(toks, MODEL, conf, len(context) - kept)
+
+    def behind(self, context: Sequence[int]) -> int:
+        """The tokens of ``context`` its cache lacks: what its next draft first evaluates."""
+        return len(context) - common_prefix(self.ctx.tokens, context, len(context) - 1)
 
     def close(self) -> None:
         self.ctx.close()

@@ -95,7 +95,7 @@ class MTPDrafter(Drafter, DecodeListener):
 
     # -- drafting -------------------------------------------------------------------------
     def propose(self, context: Sequence[int], max_len: int,
-                keep_going: Callable[[int, float], bool] | None = None, p_min: float | None = None) -> Draft:
+                keep_going: Callable[[int, float, list[int]], bool] | None = None, p_min: float | None = None) -> Draft:
         p_min = self.p_min if p_min is None else p_min
         pos0 = len(context) - 1  # the last token is not in the target's cache yet
         ctx = self.ctx
@@ -114,6 +114,10 @@ class MTPDrafter(Drafter, DecodeListener):
         finally:
             ctx.rollback(pos0)  # the verify pass feeds the real rows for these positions
         return Draft(toks, MTP, conf)
+
+    def behind(self, context: Sequence[int]) -> int:
+        """Nothing to catch up on: the target's own passes feed the MTP layers."""
+        return 0
 
     def token_cost(self, reps: int = 4) -> float:
         """Seconds per MTP forward pass, measured here (the best of ``reps``)."""

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Run HERE (a machine that reaches PyPI), once, before `bash benchmarks/gpu/run.sh` on the GPU machine.
+# Fills benchmarks/gpu/cache/ (git-ignored; the device tool carries it with `carry`):
+#   llama_cpp_python-0.3.36.tar.gz  the sdist, trimmed of what a CUDA build of the Python package
+#                                   never reads (llama.cpp's vocab test files, docs, web UI, other
+#                                   backends' sources...): 73 MiB -> ~11 MiB
+#   wheels/                         fallbacks for every Python package the build, specli and the
+#                                   chosen tests import, for the device's Python (DEVICE_PY, 3.12)
+#   smollm2-tokenizer.gguf          the SmolLM2 tokenizer alone (no tensors): the tiny test models and
+#                                   the synthetic benchmark models are built on it there
+#   traces/                         left for recorded traces (benchmarks/replay.py --traces)
+# and prints its size (the whole travelling tree must stay under 64 MiB; this aims under 60).
+#
+#   SDIST=/path/llama_cpp_python-0.3.36.tar.gz DEVICE_PY=3.12 bash benchmarks/gpu/prepare.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+HERE=benchmarks/gpu
+CACHE=$HERE/cache
+SDIST=${SDIST:-/tmp/sdist/llama_cpp_python-0.3.36.tar.gz}
+DEVICE_PY=${DEVICE_PY:-3.12}   # the GPU image's python3 is 3.12 (.library/device/KINDS.md)
+PY=${PYTHON:-python3}
+NAME=llama_cpp_python-0.3.36
+
+git check-ignore -q "$CACHE/x" || { echo "prepare: $CACHE/ is not git-ignored (see .gitignore)" >&2; exit 1; }
+mkdir -p "$CACHE/wheels" "$CACHE/traces"
+
+# 1. the trimmed sdist ------------------------------------------------------------------------
+if [ ! -f "$CACHE/$NAME.tar.gz" ]; then
+  [ -f "$SDIST" ] || { echo "prepare: no sdist at $SDIST (set SDIST=...)" >&2; exit 1; }
+  tmp=$(mktemp -d)
+  tar -xzf "$SDIST" -C "$tmp"
+  v=$tmp/$NAME/vendor/llama.cpp
+  # nothing here is read when CMake configures and builds llama + ggml (+ CUDA) for the package
+  rm -rf "$tmp/$NAME"/{.git,.github,examples,docs,docker,tests} \
+         "$v"/{models,docs,media,benches,tests,examples,pocs,app,gguf-py,conversion,.devops,.github,ci,skills,requirements} \
+         "$v"/tools/{ui,server} \
+         "$v"/ggml/src/{ggml-sycl,ggml-vulkan,ggml-opencl,ggml-hexagon,ggml-metal,ggml-et,ggml-cann,ggml-openvino,ggml-virtgpu,ggml-webgpu,ggml-zdnn,ggml-zendnn}
+  tar -C "$tmp" -czf "$CACHE/$NAME.tar.gz" "$NAME"
+  rm -rf "$tmp"
+fi
+
+# 2. wheels for the device's Python -------------------------------------------------------------
+# Pinned to what is installed here where it is (what the tests ran with), newest otherwise.
+# The GPU image already has most of these (KINDS.md): run.sh installs only what is missing there.
+# Not carried: cmake (28 MiB; the image has CMake), huggingface-hub (only `specli models` uses it).
+PKGS="numpy typing-extensions diskcache jinja2 markupsafe pyyaml gguf tqdm filelock
+      typer click shellingham rich markdown-it-py mdurl pygments
+      scikit-build-core pathspec packaging ninja pytest pluggy iniconfig"
+reqs=$($PY - $PKGS <<'EOF'
+import sys
+from importlib.metadata import PackageNotFoundError, version
+out = []
+for name in sys.argv[1:]:
+    try:
+        out.append(f"{name}=={version(name)}")
+    except PackageNotFoundError:
+        out.append(name)
+print(" ".join(out))
+EOF
+)
+$PY -m pip download -q --no-deps --only-binary=:all: --python-version "$DEVICE_PY" --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
+  --disable-pip-version-check -d "$CACHE/wheels" $reqs 2>&1 | { grep -v "is ignored: it is neither" || true; }
+
+# 3. the tokenizer ----------------------------------------------------------------------------
+[ -f "$CACHE/smollm2-tokenizer.gguf" ] || $PY $HERE/synth_models.py tokenizer --out "$CACHE/smollm2-tokenizer.gguf"
+
+# 4. sizes ------------------------------------------------------------------------------------
+echo "cache:"
+du -sh "$CACHE"/* | sed 's/^/  /'
+cache_b=$(du -sb "$CACHE" | cut -f1)
+tree_b=$(git ls-files -z -co --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s+=$1} END {print s+0}')
+echo "carried cache: $((cache_b / 1048576)) MiB; tracked + untracked tree: $((tree_b / 1048576)) MiB;" \
+     "travels in all: $(((cache_b + tree_b) / 1048576)) MiB (limit 64)"
+if [ $((cache_b + tree_b)) -gt $((60 * 1048576)) ]; then
+  echo "prepare: over 60 MiB: trim $CACHE or the tree before running on the device" >&2
+  exit 1
+fi

@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# specli on one NVIDIA GPU, in one command, with nothing to download (see README.md beside this):
+#   1 deps    install from benchmarks/gpu/cache/wheels whatever python3 lacks (into $WORK/site)
+#   2 build   llama-cpp-python 0.3.36 with CUDA for this GPU's architecture only, from the carried sdist
+#   3 synth   synthetic Qwen2.5-7B / 0.5B-shaped Q4_K_M GGUFs (in the background, during the build)
+#   4 costs   the 7B's verify cost curve and the 0.5B's per-token cost -> $OUT/gpu-costs.json
+#   5 tests   the exactness tests with every model offloaded
+#   6 replay  benchmarks/replay.py --no-measured --costs $OUT/gpu-costs.json --traces benchmarks/gpu/cache/traces
+# Each phase has its own time limit inside a total of BUDGET seconds (570); a failed phase does not
+# stop the later ones. Prints each phase's time; $OUT gets run.log, gpu-costs.json, models.json,
+# build.log.gz, tests.xml, replay.md + replay.json, phases.json (8 files, the most that come back).
+#
+#   bash benchmarks/gpu/run.sh                 # on the GPU machine (OUT set by the device tool)
+#   DRY_RUN=1 bash benchmarks/gpu/run.sh       # anywhere: no CUDA build (uses the installed
+#                                              # llama_cpp), tiny models, a few tests
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+T0=$(date +%s)
+BUDGET=${BUDGET:-570}
+DRY=${DRY_RUN:-0}
+HERE=$PWD/benchmarks/gpu
+CACHE=$HERE/cache
+if [ "$DRY" = 1 ]; then WORK=${WORK:-/tmp/specli-gpu-dry}; else WORK=${WORK:-/tmp/specli-gpu}; fi
+OUT=${OUT:-$WORK/out}
+SITE=$WORK/site
+MODELS=$WORK/models
+PY=${PYTHON:-python3}
+JOBS=$(nproc)
+SDIST=$CACHE/llama_cpp_python-0.3.36.tar.gz
+if [ "$DRY" = 1 ]; then
+  SCALE=tiny; K_MAX=${K_MAX:-8}; REPS=${REPS:-2}; TEST_K=${TEST_K:-prompt_lookup_is_plain}
+else
+  SCALE=full; K_MAX=${K_MAX:-32}; REPS=${REPS:-5}; TEST_K=${TEST_K:-not cli}
+fi
+GPU_LAYERS=${GPU_LAYERS:--1}
+mkdir -p "$OUT" "$SITE" "$MODELS"
+exec > >(tee -a "$OUT/run.log") 2>&1
+export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$PATH" PYTHONUNBUFFERED=1
+export SPECLI_CACHE=$WORK/specli-cache SPECLI_TEST_CACHE=$WORK/test-models
+command -v nvcc >/dev/null || export PATH="$PATH:/usr/local/cuda/bin"
+export HERE CACHE WORK OUT SITE MODELS PY JOBS SDIST SCALE K_MAX REPS TEST_K GPU_LAYERS DRY
+
+MACHINE=$(nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader 2>/dev/null | head -1)
+MACHINE=${MACHINE:-no GPU visible (nvidia-smi failed)}
+export MACHINE="$MACHINE; $(nproc) CPUs; $($PY -V 2>&1)"
+echo "run.sh: $MACHINE; DRY_RUN=$DRY; WORK=$WORK; OUT=$OUT; budget ${BUDGET}s"
+
+PHASES=()
+record() {  # name rc seconds
+  PHASES+=("{\"phase\": \"$1\", \"rc\": $2, \"seconds\": $3}")
+  echo "== $1: $([ "$2" = 0 ] && echo ok || echo "FAILED (rc $2)") in $3 s (total $(( $(date +%s) - T0 )) s)"
+}
+phase() {  # name max_seconds function: runs it under its own timeout, clipped to the time left
+  local name=$1 max=$2 fn=$3 left lim s rc
+  left=$(( BUDGET - ($(date +%s) - T0) - 5 ))
+  lim=$(( max < left ? max : left ))
+  if [ "$lim" -lt 10 ]; then echo "== $name: SKIPPED (no time left)"; record "$name" 124 0; return; fi
+  echo "== $name (limit ${lim} s)"
+  s=$(date +%s)
+  timeout -k 5 "$lim" bash -c "$fn"
+  rc=$?
+  [ $rc = 124 ] && echo "== $name: TIMED OUT after ${lim} s"
+  record "$name" $rc $(( $(date +%s) - s ))
+}
+
+deps() {
+  local missing
+  missing=$($PY - <<'EOF'
+import re
+from importlib.metadata import PackageNotFoundError, version
+REQS = """numpy>=1.24 typing-extensions>=4.5 diskcache>=5.6.1 jinja2>=3 markupsafe>=2 pyyaml>=6 gguf>=0.10
+tqdm filelock typer>=0.12 click rich>=13 shellingham markdown-it-py mdurl pygments
+scikit-build-core>=0.9.2 pathspec packaging ninja pytest>=7 pluggy iniconfig""".split()
+def key(v):
+    return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+out = []
+for r in REQS:
+    name, _, low = r.partition(">=")
+    try:
+        if low and key(version(name)) < key(low):
+            out.append(name)
+    except PackageNotFoundError:
+        out.append(name)
+print(" ".join(out))
+EOF
+)
+  missing="$missing ${DEPS_FORCE:-}"  # DEPS_FORCE="a b": install these from the wheelhouse anyway (tests this path)
+  missing=$(echo $missing)
+  echo "missing or too old: ${missing:-nothing}"
+  [ -z "$missing" ] && return 0
+  # shellcheck disable=SC2086
+  $PY -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check \
+      --find-links "$CACHE/wheels" --target "$SITE" $missing
+}
+
+build() {
+  if [ "$DRY" = 1 ]; then
+    echo "DRY_RUN: no build; llama_cpp from $($PY -c 'import llama_cpp, os; print(os.path.dirname(llama_cpp.__file__))')"
+  fi
+  if $PY -c 'import sys, llama_cpp; sys.exit(0 if llama_cpp.llama_supports_gpu_offload() else 1)' 2>/dev/null; then
+    echo "llama_cpp with GPU offload is importable already: not building"; return 0
+  fi
+  local cc
+  cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+  [ -n "$cc" ] || { echo "build: nvidia-smi gave no compute capability"; [ "$DRY" = 1 ] && cc=90 || return 1; }
+  export CUDACXX=${CUDACXX:-$(command -v nvcc)}
+  export CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$cc -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF -DGGML_CUDA_NCCL=OFF -DGGML_CCACHE=OFF"
+  export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
+  local cmd=("$PY" -m pip install --no-index --no-deps --no-build-isolation --no-compile --disable-pip-version-check
+             -v --target "$SITE" --config-settings=build-dir="$WORK/build" "$SDIST")
+  echo "nvcc: ${CUDACXX:-none}; cmake: $(cmake --version 2>/dev/null | head -1); CMAKE_ARGS=$CMAKE_ARGS"
+  echo "${cmd[*]}"
+  if [ "$DRY" = 1 ]; then echo "DRY_RUN: the command above is not run"; return 0; fi
+  local rc
+  "${cmd[@]}" > "$WORK/build.log" 2>&1 &
+  local pid=$!
+  local n=0
+  while kill -0 $pid 2>/dev/null; do  # progress every 30 s: ninja's last [n/N]
+    sleep 2; n=$((n + 1))
+    [ $((n % 15)) = 0 ] && grep -o '^\[[0-9]*/[0-9]*\]' "$WORK/build.log" | tail -1 | sed "s/^/  build $((n * 2)) s: /"
+  done
+  wait $pid; rc=$?
+  gzip -c "$WORK/build.log" > "$OUT/build.log.gz"
+  [ $rc = 0 ] || { echo "build failed; the end of its log:"; tail -40 "$WORK/build.log"; return $rc; }
+  $PY -c 'import llama_cpp; print("built: GPU offload", llama_cpp.llama_supports_gpu_offload())'
+}
+
+synth() {
+  if [ -f "$MODELS/models.json" ]; then echo "models already written: $MODELS"; return 0; fi
+  $PY "$HERE/synth_models.py" models --scale "$SCALE" --tokenizer "$CACHE/smollm2-tokenizer.gguf" --out "$MODELS"
+}
+
+costs() {
+  $PY "$HERE/gpu_costs.py" --models "$MODELS" --out "$OUT/gpu-costs.json" --gpu-layers "$GPU_LAYERS" \
+      --threads "$JOBS" --k-max "$K_MAX" --reps "$REPS" --machine "$MACHINE"
+}
+
+tests() {
+  SPECLI_TEST_GPU_LAYERS=$GPU_LAYERS SPECLI_TEST_TOKENIZER=$CACHE/smollm2-tokenizer.gguf PYTHONPATH="$HERE:$PYTHONPATH" \
+    $PY -m pytest -q -rfE -p gpu_offload -p no:cacheprovider --junitxml="$OUT/tests.xml" \
+      tests/test_engine_exact.py tests/test_hybrid.py -k "$TEST_K"
+}
+
+replay() {
+  local later="python benchmarks/replay.py --no-measured --costs docs/gpu-costs.json --traces DIR --suites ..."
+  if [ ! -f benchmarks/replay.py ] || ! $PY benchmarks/replay.py --help 2>&1 | grep -q -- '--traces'; then
+    echo "REPLAY NOT RUN: benchmarks/replay.py with --costs/--traces is not there yet; later, anywhere: $later"
+    return 0
+  fi
+  local suites
+  suites=$(cd "$CACHE/traces" 2>/dev/null && ls -- *.json 2>/dev/null | sed 's/\.json$//' | paste -sd, -)
+  if [ -z "$suites" ]; then
+    echo "REPLAY NOT RUN: no traces (SUITE.json) in $CACHE/traces (record them here, then carry); later: $later"
+    return 0
+  fi
+  [ -f "$OUT/gpu-costs.json" ] || { echo "REPLAY NOT RUN: no $OUT/gpu-costs.json (the costs phase failed)"; return 1; }
+  # --no-measured: the real target/draft are not here (traces only); a suite without a trace would
+  # be recorded, which needs them, so only the carried suites are replayed
+  $PY benchmarks/replay.py --no-measured --costs "$OUT/gpu-costs.json" --traces "$CACHE/traces" \
+      --suites "$suites" --k-max "$K_MAX" --out "$OUT/replay.md"
+}
+export -f deps build synth costs tests replay
+
+phase deps 90 deps
+# the models need only numpy + gguf: write them while the build keeps the CPUs busy
+SYNTH_LIMIT=$(( BUDGET - 120 ))
+( s=$(date +%s); timeout -k 5 "$SYNTH_LIMIT" bash -c synth > "$WORK/synth.log" 2>&1; echo "$? $(( $(date +%s) - s ))" > "$WORK/synth.rc" ) &
+SYNTH_PID=$!
+phase build "${BUILD_LIMIT:-420}" build
+echo "== synth (background since the start of the build): waiting"
+wait $SYNTH_PID
+cat "$WORK/synth.log"
+read -r rc secs < "$WORK/synth.rc"
+record synth "$rc" "$secs"
+[ -f "$MODELS/models.json" ] && cp "$MODELS/models.json" "$OUT/models.json"
+phase costs 150 costs
+phase tests 240 tests
+phase replay 60 replay
+
+printf '[%s]\n' "$(IFS=,; echo "${PHASES[*]}")" > "$OUT/phases.json"
+echo "== done in $(( $(date +%s) - T0 )) s:"
+for p in "${PHASES[@]}"; do echo "  $p"; done
+[ -f "$OUT/gpu-costs.json" ] && echo "cost curve: $OUT/gpu-costs.json"

@@ -1,0 +1,95 @@
+"""The policies the replay compares: specli's adaptive one (built by the function every
+command uses), fixed draft lengths, and llama.cpp's defaults, each over the drafters a trace
+holds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from specli.measure.replay import Clock, Costs, Trace, TraceModel
+from specli.speculate.adaptive import adaptive_drafter, lookup_drafter
+from specli.speculate.drafters import MODEL, MTP, Draft, Drafter
+from specli.speculate.settings import DEFAULTS, SpecSettings
+
+SOURCES = {"model": MODEL, "mtp": MTP}
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    family: str  # "specli", "fixed", "llama.cpp"
+    kinds: tuple[str, ...]  # the drafters it uses ("lookup", "model", "mtp"): its bound uses the same
+    draft_max: int
+    make: Callable[[Trace, Costs, Clock], Drafter]
+
+
+class FirstOf(Drafter):
+    """Lookup's copy when the context repeats, else the model's draft (fixed length)."""
+
+    def __init__(self, lookup: Drafter, model: Drafter):
+        self.lookup, self.model = lookup, model
+
+    def propose(self, context: Sequence[int], max_len: int) -> Draft:
+        d = self.lookup.propose(context, max_len)
+        return d if d.tokens else self.model.propose(context, max_len)
+
+    def observe(self, draft, n_accepted, emitted, t_draft, t_verify) -> None:
+        self.lookup.observe(draft, n_accepted, emitted, t_draft, t_verify)
+
+
+def _model(kind: str, p_min: float = 0.0):
+    return lambda t, c, clk: TraceModel(t, kind, SOURCES[kind], c, clk, p_min)
+
+
+def specli(kinds: tuple[str, ...], s: SpecSettings = DEFAULTS) -> Policy:
+    """specli's adaptive policy over these drafters, as ``Session.drafter_for`` builds it."""
+    model_kind = next((k for k in kinds if k != "lookup"), None)
+
+    def make(t: Trace, c: Costs, clk: Clock) -> Drafter:
+        model = _model(model_kind)(t, c, clk) if model_kind else None
+        dcost = (c.mtp if model_kind == "mtp" else c.draft) if model_kind else 0.0
+        return adaptive_drafter(s, list(c.verify[:s.draft_max + 1]), dcost,
+                                lookup_drafter(s) if "lookup" in kinds else None, model)
+
+    return Policy("specli " + "+".join(kinds), "specli", kinds, s.draft_max, make)
+
+
+def fixed(kinds: tuple[str, ...], k: int, s: SpecSettings = DEFAULTS) -> Policy:
+    """Always draft k tokens (lookup: as many as its copy has, up to k)."""
+    model_kind = next((x for x in kinds if x != "lookup"), None)
+
+    def make(t: Trace, c: Costs, clk: Clock) -> Drafter:
+        model = _model(model_kind)(t, c, clk) if model_kind else None
+        if "lookup" not in kinds:
+            return model
+        return FirstOf(lookup_drafter(s), model) if model else lookup_drafter(s)
+
+    return Policy(f"fixed {'+'.join(kinds)} k={k}", "fixed", kinds, k, make)
+
+
+def llama_cpp(kinds: Sequence[str]) -> list[Policy]:
+    """llama.cpp's speculative types with their default settings (common/common.h), for the
+    drafters at hand; ``specli.measure.llamacpp_policies`` has the n-gram ports and their
+    sources. draft-simple's defaults (n_max 3, n_min 0, p_min 0) submit exactly 3 greedy
+    tokens a step: a fixed length of 3."""
+    from specli.measure import llamacpp_policies as lp
+
+    out = []
+    if "lookup" in kinds:
+        simple, mod = lp.NgramSimple(), lp.NgramMod(size=1)
+        out += [Policy("llama.cpp ngram-simple", "llama.cpp", ("lookup",), simple.size_m,
+                       lambda t, c, clk: lp.NgramSimple()),
+                Policy("llama.cpp ngram-mod", "llama.cpp", ("lookup",), mod.n_max, lambda t, c, clk: lp.NgramMod())]
+    for kind in kinds:
+        if kind in SOURCES:
+            out.append(Policy(f"llama.cpp draft-simple ({kind})", "llama.cpp", (kind,), 3, _model(kind, 0.0)))
+    return out
+
+
+def every_policy(kinds: Sequence[str], k_max: int, s: SpecSettings = DEFAULTS) -> list[Policy]:
+    """specli over each drafter alone and over all together; fixed k = 1..k_max for each; and
+    llama.cpp's defaults."""
+    sets = [(k,) for k in kinds] + ([tuple(kinds)] if len(kinds) > 1 else [])
+    return ([specli(ks, s) for ks in sets] + [fixed(ks, k, s) for ks in sets for k in range(1, k_max + 1)]
+            + llama_cpp(kinds))

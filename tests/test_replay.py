@@ -1,0 +1,253 @@
+"""The replay benchmark's machinery: no policy beats its clairvoyant bound (synthetic traces,
+every policy, several cost models), the replayed controller is the shipped one (a real run
+on tiny f32 models, with the cost model's figures in place of timings, takes exactly the
+replay's steps), and the traces say what the draft model would draft."""
+
+import random
+
+import pytest
+from curves import VM_CURVE
+
+from specli.engine import Context, ContextConfig, Model
+from specli.measure import policies
+from specli.measure.replay import (
+    Clock,
+    Costs,
+    ModelTrace,
+    Trace,
+    TraceModel,
+    bound,
+    drafter_options,
+    load_traces,
+    lookup_agreement,
+    record,
+    replay,
+    save_traces,
+)
+from specli.speculate.adaptive import adaptive_drafter, lookup_drafter
+from specli.speculate.drafters import MODEL, Drafter, ModelDrafter
+from specli.speculate.loop import generate
+from specli.speculate.settings import DEFAULTS
+from specli.speculate.verify import SamplingParams
+
+CPU = Costs.measured("vm", VM_CURVE, 0.5)
+COSTS = [CPU, Costs.linear(0.02, 0.05, 64), Costs.linear(0.2, 0.5, 64), Costs.linear(0.05, 0.2, 64)]
+
+
+def synthetic(seed: int, n_edits: int, agree: float) -> Trace:
+    """An answer that copies its prompt with edits, and a draft model right ``agree`` of the
+    time (its wrong guesses are some other token)."""
+    rng = random.Random(seed)
+    src = [rng.randrange(50, 90) for _ in range(160)]
+    out = list(src)
+    for i in rng.sample(range(1, 160), n_edits):
+        out[i] = rng.randrange(200, 220)
+    argmax = [t if rng.random() < agree else t + 1000 for t in out]
+    p_top = [round(rng.uniform(0.6, 1.0) if a == t else rng.uniform(0.1, 0.9), 3) for a, t in zip(argmax, out)]
+    return Trace("synthetic", f"{seed}", [1] + src + [2], out, [], {"model": ModelTrace(argmax, p_top)})
+
+
+TRACES = [synthetic(s, e, a) for s, e, a in [(1, 5, 0.9), (2, 40, 0.6), (3, 120, 0.3), (4, 0, 0.95)]]
+
+
+@pytest.mark.parametrize("costs", COSTS, ids=lambda c: c.name)
+def test_no_policy_beats_its_bound(costs):
+    K = DEFAULTS.draft_max
+    every = policies.every_policy(("lookup", "model"), K)
+    assert {p.family for p in every} == {"specli", "fixed", "llama.cpp"}
+    for t in TRACES:
+        look = lookup_agreement(t.prompt, t.out, 64)
+        for p in every:
+            clock = Clock()
+            run = replay(t, p.make(t, costs, clock), costs, p.draft_max, clock)
+            # the bound at the policy's own longest draft; lookup's renames are off here
+            # (a copy that renames can beat a verbatim copy's bound; these traces never rename)
+            b = bound(len(t.out), drafter_options(t, costs, p.kinds, p.draft_max, look), costs.verify, p.draft_max)
+            assert b <= run.cost + 1e-9, (p.name, t.id)
+            assert run.accepted + run.steps == len(t.out) - 1  # every token emitted once
+
+
+def test_bound_is_plain_without_drafts_and_the_cheapest_split_with_perfect_ones():
+    t = TRACES[3]
+    n = len(t.out)
+    nothing = [(tuple([0] * n), 0.0, 0.0)]
+    assert bound(n, nothing, VM_CURVE, 16) == pytest.approx(n - 1)
+    perfect = [(tuple([16] * n), 0.0, 0.0)]
+    best = {0: 0.0}
+    for m in range(1, n):  # blocks of up to 17 tokens over the n - 1 after the first
+        best[m] = min(VM_CURVE[b - 1] + best[m - b] for b in range(1, min(17, m) + 1))
+    assert bound(n, perfect, VM_CURVE, 16) == pytest.approx(best[n - 1])
+
+
+def test_fixed_policies_cost_what_their_steps_cost():
+    t = TRACES[0]
+    costs = COSTS[3]
+    clock = Clock()
+    p = policies.fixed(("model",), 4)
+    run = replay(t, p.make(t, costs, clock), costs, 4, clock)
+    agree = t.models["model"].agreement(t.out, 4)
+    i, cost, steps, catch_up = 1, 0.0, 0, len(t.prompt) + 1
+    while i < len(t.out):  # always 4 drafted (fewer at the end), accepted as far as the model agrees
+        k = min(4, len(t.out) - 1 - i)
+        # the draft model first catches up, in one batch, on what its cache lacks (the prompt
+        # at the first step; then the target's token, and the last drafted one when all passed)
+        cost += costs.verify[k] + (costs.draft * (costs.block(catch_up) + k - 1) if k else 0.0)
+        a = min(k, agree[i])
+        catch_up = 2 if a == k else 1
+        i += a + 1
+        steps += 1
+    assert run.steps == steps
+    assert run.cost == pytest.approx(cost)
+
+
+def test_traces_round_trip(tmp_path):
+    save_traces(tmp_path / "s.json", TRACES)
+    assert load_traces(tmp_path / "s.json") == TRACES
+    assert load_traces(tmp_path / "missing.json") is None
+
+
+# -- on tiny f32 models: the trace and the replay against a real run ------------------------
+CFG = ContextConfig(n_ctx=1024, n_batch=64, f32_kv=True, n_threads=2)
+
+
+class Priced(Drafter):
+    """The shipped drafter in a real run, told the cost model's figures instead of timings:
+    each draft-model pass is billed as the replay bills it."""
+
+    def __init__(self, inner: Drafter, costs: Costs, clock: Clock):
+        self.inner, self.costs, self.clock, self.name = inner, costs, clock, inner.name
+        self.steps: list[tuple[int, int]] = []
+
+    def propose(self, context, max_len):
+        self.clock.spent = 0.0
+        return self.inner.propose(context, max_len)
+
+    def observe(self, draft, n_accepted, emitted, t_draft, t_verify):
+        k = len(draft.tokens)
+        self.steps.append((k, n_accepted))
+        self.inner.observe(draft, n_accepted, emitted, self.clock.spent, self.costs.verify[k])
+
+
+def billed(drafter: ModelDrafter, costs: Costs, clock: Clock) -> ModelDrafter:
+    ev = drafter.ctx.eval
+
+    def eval_(tokens, *a, **kw):
+        clock.spent += costs.draft * costs.block(len(tokens))
+        return ev(tokens, *a, **kw)
+
+    drafter.ctx.eval = eval_
+    return drafter
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_target, tiny_draft):
+    tm, dm = Model(tiny_target), Model(tiny_draft)
+    yield tm, dm
+    tm.close()
+    dm.close()
+
+
+PROMPTS = ["def fibonacci(n):", "Once upon a time, in a land far away,",
+           "Rewrite this list in order: pear, apple, fig, pear, apple, fig, pear, apple, fig."]
+
+
+@pytest.mark.parametrize("costs", [Costs.linear(0.05, 0.2, 16), Costs.measured("vm", VM_CURVE, 0.05)],
+                         ids=["gpu-like", "vm"])
+def test_the_replayed_controller_takes_the_real_runs_steps(pair, costs):
+    tm, dm = pair
+    s = DEFAULTS
+    ctx, dctx = Context(tm, CFG), Context(dm, CFG)
+    hybrid = policies.specli(("lookup", "model"), s)
+    n_drafted = 0
+    for text in PROMPTS:
+        prompt = tm.tokenize(text)
+        clock = Clock()
+        real = Priced(adaptive_drafter(s, list(costs.verify[:s.draft_max + 1]), costs.draft, lookup_drafter(s),
+                                       billed(ModelDrafter(dm, CFG), costs, clock)), costs, clock)
+        ctx.clear()
+        out = [t for ch in generate(ctx, prompt, real, SamplingParams(), 96, s.draft_max) for t in ch.tokens]
+        trace = record(ctx, prompt, 96, {"model": dctx}, s.draft_max)
+        assert trace.out == out and len(out) == 96  # the trace's answer is the target's own
+        rclock = Clock()
+        run = replay(trace, hybrid.make(trace, costs, rclock), costs, hybrid.draft_max, rclock)
+        assert list(zip(run.lengths, run.accepted_at)) == real.steps
+        n_drafted += sum(k for k, _ in real.steps)
+    assert n_drafted > 10  # the comparison covered real drafting
+
+
+def test_the_trace_says_what_the_draft_model_drafts(pair):
+    tm, dm = pair
+    ctx, dctx = Context(tm, CFG), Context(dm, CFG)
+    prompt = tm.tokenize(PROMPTS[0])
+    trace = record(ctx, prompt, 48, {"model": dctx}, 6)
+    real = ModelDrafter(dm, CFG, p_min=0.0)
+    costs = Costs.linear(0.05, 0.2, 16)
+    agree = trace.models["model"].agreement(trace.out, 6)
+    for i in range(1, len(trace.out) - 6, 5):
+        context = prompt + trace.out[:i]
+        d = real.propose(context, 6)
+        r = TraceModel(trace, "model", MODEL, costs, Clock()).propose(context, 6)
+        right = 0
+        while right < 6 and d.tokens[right] == trace.out[i + right]:
+            right += 1
+        assert right == agree[i]
+        assert r.tokens[:right + 1] == d.tokens[:right + 1]
+        assert r.confidence[:right + 1] == pytest.approx(d.confidence[:right + 1], abs=1e-4)
+    real.close()
+
+
+def _edited_copies(n_edits: int, seed: int = 3, reps: int = 3):
+    rng = random.Random(seed)
+    for r in range(reps):
+        src = [rng.randrange(50, 90) for _ in range(400)]
+        out = list(src)
+        for i in rng.sample(range(1, 400), n_edits):  # an edited copy of its input
+            out[i] = rng.randrange(200, 220)
+        yield Trace("edits", f"{n_edits}-{r}", [1] + src + [2], out, [])
+
+
+def _lookup_costs(n_edits: int) -> tuple[float, float, float]:
+    """(specli's adaptive lookup, fixed 16, plain) over edited copies on this VM's curve."""
+    out = [0.0, 0.0, 0.0]
+    for t in _edited_copies(n_edits):
+        for j, p in enumerate((policies.specli(("lookup",)), policies.fixed(("lookup",), 16))):
+            clock = Clock()
+            out[j] += replay(t, p.make(t, CPU, clock), CPU, p.draft_max, clock).cost
+        out[2] += t.plain_cost
+    return out[0], out[1], out[2]
+
+
+def test_adaptive_lookup_gains_on_copies_and_stays_near_plain_on_heavy_edits():
+    adaptive, fixed16, plain = _lookup_costs(10)
+    assert plain / adaptive > 1.3 and adaptive <= fixed16  # long copies: drafts long
+    adaptive, fixed16, plain = _lookup_costs(150)
+    assert adaptive <= 1.01 * plain and fixed16 > 1.5 * plain  # an edit every ~3 tokens: drafts little
+
+
+def test_a_model_draft_that_runs_into_a_copy_hands_over_to_lookup():
+    src = list(range(100, 140))
+    out = [7, 8] + src[:30]  # two new tokens, then a copy of the prompt's text
+    argmax = list(out)  # a draft model that is always right
+    t = Trace("s", "h", [1] + src + [2], out, [], {"model": ModelTrace(argmax, [0.99] * len(out))})
+    costs = Costs.linear(0.01, 0.05, 64)
+    clock = Clock()
+    hybrid = policies.specli(("lookup", "model")).make(t, costs, clock)
+    d = hybrid.propose(t.prompt + out[:1], 16)  # no lookup match yet: the model drafts
+    own = len(d.confidence)  # the model's own tokens; the rest came from the copy
+    assert d.source.kind == "model" and own == 5  # 8, then 4 tokens that match the prompt
+    assert d.tokens == out[1:17] and len(d.tokens) == 16
+    assert clock.spent == pytest.approx(costs.draft * (costs.block(len(t.prompt) + 1) + own))  # no pass for the copy
+
+
+def test_the_prompt_catch_up_is_not_learned_as_the_cost_of_a_draft_token():
+    t = TRACES[3]
+    costs = Costs.linear(0.2, 0.2, 64)
+    clock = Clock()
+    drafter = policies.specli(("model",)).make(t, costs, clock)
+    context = t.prompt + t.out[:1]
+    d = drafter.propose(context, 16)
+    assert d.tokens and d.caught_up == len(context)  # the first draft evaluates the whole prompt
+    assert clock.spent > 5 * costs.draft * len(d.tokens)
+    n = len(d.tokens)  # this model is right here
+    drafter.observe(d, n, t.out[1:n + 2], clock.spent, costs.verify[n])
+    assert drafter.ctl.cost.draft_token == pytest.approx(costs.draft)
