@@ -179,7 +179,10 @@ def llama_server(p: Pair, port: int, use_hub: bool = False) -> Export:
     if p.drafts:
         cmd += ["--spec-draft-n-max", str(p.draft_n), "--spec-draft-p-min", f"{p.p_min:g}"]
     if p.lookup:
-        cmd += ["--spec-ngram-simple-size-n", str(LOOKUP_MATCH), "--spec-ngram-simple-size-m", str(p.lookup_n)]
+        # ngram-simple drops any copy shorter than its match (common/ngram-map.cpp, copy_max <
+        # size_n): a measured length under LOOKUP_MATCH would never draft
+        cmd += ["--spec-ngram-simple-size-n", str(LOOKUP_MATCH),
+                "--spec-ngram-simple-size-m", str(max(p.lookup_n, LOOKUP_MATCH))]
     if p.threads:
         cmd += ["-t", str(p.threads)]
     cmd += ["--host", "127.0.0.1", "--port", str(port)]

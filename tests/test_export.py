@@ -99,6 +99,14 @@ def test_llama_server_commands():
     assert value(cmd, "--spec-draft-p-min") == "0.6" and value(cmd, "-c") == "4096"
     assert value(cmd, "--port") == "8123" and value(cmd, "--host") == "127.0.0.1"
 
+    # llama.cpp's ngram-simple drops a copy shorter than its match: a short measured length
+    # must not switch lookup off (the ported policy proposes nothing then)
+    from specli.measure.llamacpp_policies import ngram_simple_draft
+    short = argv(ex.llama_server(pair(lookup_n=3), 8123))
+    n, m = int(value(short, "--spec-ngram-simple-size-n")), int(value(short, "--spec-ngram-simple-size-m"))
+    text = list(range(100, 180))
+    assert m >= n and ngram_simple_draft([1, 2] + text + text[:n - 1], text[n - 1], n, m) == text[n:n + m]
+
     only_model = argv(ex.llama_server(pair(lookup=False, target_gpu_layers=20, draft_gpu_layers=0), 8080))
     assert value(only_model, "--spec-type") == "draft-simple" and "--spec-ngram-simple-size-m" not in only_model
     assert value(only_model, "-ngl") == "20" and value(only_model, "--spec-draft-ngl") == "0"

@@ -45,7 +45,7 @@ def test_suite_takes_the_first_turn_of_a_multi_turn_set(tmp_path):
     ({"turns": []}, "'turns' must be a non-empty list"),
     ({"turns": [1, 2]}, "'turns' entries must be strings, or mappings with 'content'"),
     ({"turns": [{"role": "system", "content": "x"}]}, "'turns' has no user turn"),
-    ({"prompt": "  "}, "has no text (give 'text', 'prompt' or 'turns')"),
+    ({"prompt": "  "}, "has no text (give 'text', 'prompt', 'turns' or 'messages')"),
     ({"prompt": "a", "temprature": 1}, "unknown key 'temprature'"),
 ])
 def test_suite_refuses_bad_prompts_in_one_line(row, msg):
