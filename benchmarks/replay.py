@@ -105,12 +105,13 @@ def cost_models(ms: Models, a) -> list[rp.Costs]:
     return out
 
 
-def evaluate(traces: list[rp.Trace], policies: list[Policy], costs: rp.Costs, draft_max: int) -> dict:
-    """Suite totals: plain cost, each policy's cost, each drafter set's bound."""
+def evaluate(traces: list[rp.Trace], looks: list[list[int]], policies: list[Policy], costs: rp.Costs,
+             draft_max: int) -> dict:
+    """Suite totals: plain cost, each policy's cost, each drafter set's bound (``looks``: each
+    trace's lookup agreement, the same on every cost model)."""
     tot: dict = defaultdict(float)
-    for t in traces:
+    for t, look in zip(traces, looks):
         tot["plain"] += t.plain_cost
-        look = rp.lookup_agreement(t.prompt, t.out, costs.k_max)
         for kinds in {p.kinds for p in policies}:
             tot["bound " + "+".join(kinds)] += rp.bound(len(t.out), rp.drafter_options(t, costs, kinds, draft_max, look),
                                                         costs.verify, draft_max)
@@ -242,10 +243,11 @@ def main() -> None:
     traces = {s: suite_traces(s, ms, a) for s in suites}
     K = DEFAULTS.draft_max
     policies = every_policy(("lookup", "model"), K)
+    looks = {s: [rp.lookup_agreement(t.prompt, t.out, K) for t in ts] for s, ts in traces.items()}
     all_res = []
     for costs in cost_models(ms, a):
         t0 = time.time()
-        res = {s: evaluate(traces[s], policies, costs, K) for s in suites}
+        res = {s: evaluate(traces[s], looks[s], policies, costs, K) for s in suites}
         all_res.append((costs, res))
         print(f"{costs.name}: {time.time() - t0:.0f}s; " + ", ".join(
             f"{s} {r[HEADLINE]:.2f}×/{r['bound lookup+model']:.2f}×" for s, r in res.items()), flush=True)

@@ -42,9 +42,14 @@ def _model(kind: str, p_min: float = 0.0):
     return lambda t, c, clk: TraceModel(t, kind, SOURCES[kind], c, clk, p_min)
 
 
+def _model_kind(kinds: Sequence[str]) -> str | None:
+    """The model drafter among ``kinds`` ("model" or "mtp"), if any."""
+    return next((k for k in kinds if k != "lookup"), None)
+
+
 def specli(kinds: tuple[str, ...], s: SpecSettings = DEFAULTS) -> Policy:
     """specli's adaptive policy over these drafters, as ``Session.drafter_for`` builds it."""
-    model_kind = next((k for k in kinds if k != "lookup"), None)
+    model_kind = _model_kind(kinds)
 
     def make(t: Trace, c: Costs, clk: Clock) -> Drafter:
         model = _model(model_kind)(t, c, clk) if model_kind else None
@@ -57,7 +62,7 @@ def specli(kinds: tuple[str, ...], s: SpecSettings = DEFAULTS) -> Policy:
 
 def fixed(kinds: tuple[str, ...], k: int, s: SpecSettings = DEFAULTS) -> Policy:
     """Always draft k tokens (lookup: as many as its copy has, up to k)."""
-    model_kind = next((x for x in kinds if x != "lookup"), None)
+    model_kind = _model_kind(kinds)
 
     def make(t: Trace, c: Costs, clk: Clock) -> Drafter:
         model = _model(model_kind)(t, c, clk) if model_kind else None
@@ -77,10 +82,10 @@ def llama_cpp(kinds: Sequence[str]) -> list[Policy]:
 
     out = []
     if "lookup" in kinds:
-        simple, mod = lp.NgramSimple(), lp.NgramMod(size=1)
-        out += [Policy("llama.cpp ngram-simple", "llama.cpp", ("lookup",), simple.size_m,
+        out += [Policy("llama.cpp ngram-simple", "llama.cpp", ("lookup",), lp.NgramSimple().size_m,
                        lambda t, c, clk: lp.NgramSimple()),
-                Policy("llama.cpp ngram-mod", "llama.cpp", ("lookup",), mod.n_max, lambda t, c, clk: lp.NgramMod())]
+                Policy("llama.cpp ngram-mod", "llama.cpp", ("lookup",), lp.NgramMod().n_max,
+                       lambda t, c, clk: lp.NgramMod())]
     for kind in kinds:
         if kind in SOURCES:
             out.append(Policy(f"llama.cpp draft-simple ({kind})", "llama.cpp", (kind,), 3, _model(kind, 0.0)))
