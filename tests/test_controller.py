@@ -96,27 +96,77 @@ def test_first_and_later_tokens_are_learned_apart():
     assert a.expected(4) == pytest.approx(a.alpha_first * sum(a.alpha_rest ** i for i in range(4)))
 
 
+def _plain_steps_to_probe(ctl: Controller, limit: int = 2000, **kw) -> int | None:
+    for i in range(limit):
+        d = ctl.decide({MODEL: 8}, **kw)
+        if d.probe:
+            return i
+        assert d.k == 0
+    return None
+
+
 def test_controller_turns_a_losing_drafter_off_and_probes_it_less_and_less():
-    ctl = Controller(CostModel(curve(CPU_CURVE), draft_token=0.1 * T), k_max=8, probe_every=5)
+    ctl = Controller(CostModel(curve(CPU_CURVE), draft_token=0.1 * T), k_max=8)
     steps = []
-    for i in range(200):
+    for i in range(1500):
         d = ctl.decide({MODEL: 8})
         ctl.observe(d.source, d.k, 0)  # every draft rejected
         steps.append(d)
     probes = [i for i, d in enumerate(steps) if d.probe]
     assert all(d.k == 0 or d.probe for d in steps[10:])
     gaps = [b - a for a, b in zip(probes, probes[1:])]
-    assert gaps[:3] == [10, 20, 40]  # the gap doubles
-    assert ctl.plain_steps > 180
+    # each failed probe doubles the gain the next must wait for, up to 16 times its cost
+    for a, b in zip(gaps[:3], gaps[1:4]):
+        assert 2 * a - 1 <= b <= 2 * a + 1
+    assert len(set(gaps[3:])) == 1 and gaps[3] >= 6 * gaps[0]
+    assert all(d.k == 2 for d in steps if d.probe)  # failed probes stay short
     # drafts become good: the probe results turn speculation back on
     for _ in range(20):
         ctl.observe(MODEL, 2, 2)
     assert ctl.decide({MODEL: 8}).k > 0
 
 
+def test_a_probe_that_passes_whole_is_followed_at_once_by_a_longer_one():
+    # 0.4 of a target token a draft pass: the prior says no, drafts that good would say yes
+    ctl = Controller(CostModel(curve(CPU_CURVE), draft_token=0.4 * T), k_max=8)
+    assert _plain_steps_to_probe(ctl) is not None
+    ctl.observe(MODEL, 2, 2)
+    d = ctl.decide({MODEL: 8})
+    assert d.probe and d.k == 4
+    ctl.observe(MODEL, 4, 1)  # that one failed: back to waiting
+    assert ctl.decide({MODEL: 8}).k == 0
+
+
+def test_a_probe_waits_until_the_gain_forgone_covers_its_catch_up():
+    near = _plain_steps_to_probe(Controller(CostModel(curve(CPU_CURVE), 0.4 * T), k_max=8), probe_behind=1)
+    far = _plain_steps_to_probe(Controller(CostModel(curve(CPU_CURVE), 0.4 * T), k_max=8), probe_behind=300)
+    assert near is not None and far is not None and far > 10 * near
+    # ...and never when the answer has too little room left to earn it back
+    ctl = Controller(CostModel(curve(CPU_CURVE), 0.4 * T), k_max=8)
+    assert _plain_steps_to_probe(ctl, limit=5 * far, probe_behind=300, left=far // 4) is None
+
+
+def test_a_model_is_not_probed_while_the_text_goes_faster_without_it():
+    ctl = Controller(CostModel(curve(CPU_CURVE), draft_token=0.4 * T), k_max=8)
+    for _ in range(10):
+        ctl.observe(MODEL, 4, 0)  # turned off
+        ctl.observe_step(6, 2.0 * T)  # lookup's copies: 3 tokens a target token's time
+    assert _plain_steps_to_probe(ctl) is None
+    ctl.done = [0.0, 0.0]  # the copies stop: the model is worth a look again
+    assert _plain_steps_to_probe(ctl) is not None
+
+
+def test_a_draft_models_first_catch_up_is_an_outlay_spread_over_its_drafts():
+    ctl = Controller(CostModel(curve(GPU_CURVE), draft_token=0.05 * T), k_max=8)
+    for _ in range(10):
+        ctl.observe(MODEL, 4, 2)
+    assert ctl.decide({MODEL: 8}, behind=1, probe_behind=400).k > 0  # a 400-token prompt: 1/16 of it
+    assert ctl.decide({MODEL: 8}, behind=1, probe_behind=100_000).k == 0
+
+
 def test_a_drafter_too_slow_to_ever_pay_is_never_probed():
     # 0.75 of a target token per draft token, on the CPU curve: even perfect drafts lose
-    ctl = Controller(CostModel(curve(CPU_CURVE), draft_token=0.75 * T), k_max=8, probe_every=4)
+    ctl = Controller(CostModel(curve(CPU_CURVE), draft_token=0.75 * T), k_max=8)
     assert not any(ctl.decide({MODEL: 8}).k for _ in range(100))
     assert ctl.probes == 0 and ctl.plain_steps == 100
 

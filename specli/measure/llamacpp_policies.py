@@ -174,8 +174,9 @@ class NgramMod(Drafter):
         self._expect: list[int] | None = None  # the context a continuing generation proposes from
         self._begun: list[int] | None = None  # the prompt of a generation begun and not yet proposed in
 
-    def begin(self, prompt: Sequence[int]) -> None:
-        """A generation from ``prompt`` starts (the server's call, server-context.cpp:3821)."""
+    def begin(self, prompt: Sequence[int], max_tokens: int | None = None) -> None:
+        """A generation from ``prompt`` starts (the server's call, server-context.cpp:3821; the
+        decoding loop's and the replay's ``Drafter.begin``)."""
         self._begin(prompt)
         self._expect, self._begun = None, list(prompt)
 

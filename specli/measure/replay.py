@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 from specli.engine import Context
 from specli.errors import SpecliError
 from specli.resolve.wheels import cache_dir
+from specli.speculate.controller import block_ratio
 from specli.speculate.drafters import Draft, Drafter, NoDrafter, Source, greedy_drafts, row_top
 from specli.speculate.loop import generate
 from specli.speculate.verify import SamplingParams
@@ -70,6 +71,7 @@ class Trace:
     out: list[int]  # the target's greedy answer, with its end-of-generation token when it stopped
     eog: list[int]  # the end-of-generation ids among its tokens (a greedy draft stops at one)
     models: dict[str, ModelTrace] = field(default_factory=dict)
+    max_tokens: int | None = None  # the cap it was answered under (drafters are told it, not its length)
 
     @property
     def plain_cost(self) -> float:
@@ -129,7 +131,7 @@ def record(target: Context, prompt: list[int], max_tokens: int, drafts: dict[str
     views = {name: teacher_forced(ctx, prompt, out, depth) for name, ctx in drafts.items()}
     held = set(out).union(*(v.argmax for v in views.values()),
                           *({t for t, _ in chain} for v in views.values() for chain in v.off.values()))
-    return Trace(suite, pid, list(prompt), out, sorted(t for t in held if target.model.is_eog(t)), views)
+    return Trace(suite, pid, list(prompt), out, sorted(t for t in held if target.model.is_eog(t)), views, max_tokens)
 
 
 def trace_key(*parts) -> str:
@@ -181,10 +183,8 @@ class Costs:
 
     def block(self, n: int) -> float:
         """A pass over n tokens, over one (the draft model catching up is priced by the
-        target's curve shape)."""
-        if n <= len(self.verify):
-            return self.verify[max(n, 1) - 1] / self.verify[0]
-        return self.verify[-1] / self.verify[0] * n / len(self.verify)
+        target's curve shape, as the controller prices it)."""
+        return block_ratio(self.verify, n)
 
     @classmethod
     def linear(cls, c: float, r: float, k_max: int = 64) -> "Costs":
@@ -273,9 +273,9 @@ class TraceModel(Drafter):
                 at["pos"] += 1
             return row()
 
-        toks, conf = greedy_drafts(row(), step, max_len, self.eog.__contains__,
-                                   self.p_min if p_min is None else p_min, keep_going, top=lambda r: r)
-        return Draft(toks, self.source, conf, caught_up)
+        toks, conf, passes = greedy_drafts(row(), step, max_len, self.eog.__contains__,
+                                           self.p_min if p_min is None else p_min, keep_going, top=lambda r: r)
+        return Draft(toks, self.source, conf, caught_up, passes)
 
 
 @dataclass
@@ -291,10 +291,12 @@ class Run:
 
 
 def replay(trace: Trace, drafter: Drafter, costs: Costs, draft_max: int, clock: Clock) -> Run:
-    """``drafter`` emitting the trace's answer, step by step as the decoding loop runs it: the
-    same draft cap, the same observe call with the step's draft and verify cost (the cost
-    model's figures in place of timings)."""
+    """``drafter`` emitting the trace's answer, step by step as the decoding loop runs it: told
+    the prompt and the cap the answer was recorded under first (not its length), the same
+    draft cap, the same observe call with the step's draft and verify cost (the cost model's
+    figures in place of timings)."""
     out = trace.out
+    drafter.begin(trace.prompt, trace.max_tokens)
     context = list(trace.prompt) + [out[0]]
     i, n, run = 1, len(out), Run()
     while i < n:

@@ -3,6 +3,7 @@ the draft model's confidence calibrated per probability bin."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 from specli.speculate.controller import (
@@ -48,10 +49,12 @@ class AdaptiveDrafter(Drafter):
     step it asks the controller which source and how many tokens pay best, given the measured
     verify costs and what each source's drafts have been worth so far; lookup is tried first
     (free), the draft model drafts only when it beats both lookup and plain decoding (its
-    step priced with the catch-up on what the target emitted since it last drafted), and
-    stops as soon as its next token no longer pays, or as soon as its draft runs into text
-    the context holds (a match of ``HANDOVER_MATCH`` tokens): lookup's copy then finishes the
-    draft for free. Lookup is scored on its whole proposal against what the target emitted,
+    step priced with the catch-up on what the target emitted since it last drafted; its first
+    catch-up, over the prompt, as an outlay spread over the drafts to come), and stops as
+    soon as its next token no longer pays (before the pass that would show it, when even an
+    average token would not), or when its draft runs into text the context holds (a match of
+    ``HANDOVER_MATCH`` tokens) and copying on promises more than the model's own tokens:
+    lookup's copy then finishes the draft for free. Lookup is scored on its whole proposal against what the target emitted,
     also on steps it did not draft or drafted only part of (shadow accounting), so it is
     picked up again as soon as the text starts to repeat, and short drafts that all pass
     still teach how far a copy goes on.
@@ -72,7 +75,11 @@ class AdaptiveDrafter(Drafter):
         self.bins = [Acceptance(first=min(e, 1.0), rest=min(e, 1.0)) for e in CONFIDENCE_BINS]
         self._model_at = 0  # the context length when the model last drafted
         self._pending: tuple[Source, list[int]] | None = None  # lookup's proposal
+        self._end: int | None = None  # the context length at which the answer must end
         self.last = None  # the last Decision, for tests and stats
+
+    def begin(self, prompt: Sequence[int], max_tokens: int | None) -> None:
+        self._end = None if max_tokens is None else len(prompt) + max_tokens
 
     def propose(self, context: Sequence[int], max_len: int) -> Draft:
         cands: dict[Source, int] = {}
@@ -94,7 +101,8 @@ class AdaptiveDrafter(Drafter):
             # it last drafted is this step's to pay for
             lacks = self.model.behind(context)
             behind = min(lacks, len(context) - self._model_at + 1) if self._model_at else 1
-        dec = self.ctl.decide(cands, k_cap=max_len, behind=behind, probe_behind=lacks)
+        left = None if self._end is None else self._end - len(context)
+        dec = self.ctl.decide(cands, k_cap=max_len, behind=behind, probe_behind=lacks, left=left)
         self.last = dec
         self._pending = (look_key, look) if look else None
         if dec.k and dec.source == self.msource:
@@ -109,28 +117,60 @@ class AdaptiveDrafter(Drafter):
         p_all = 1.0
         copy: list[int] = []
 
-        def keep_going(i: int, p_top: float, toks: list[int]) -> bool:
+        def keep_going(i: int, p_top: float | None, toks: list[int]) -> bool:
             nonlocal p_all, copy
-            if i and self.lookup is not None:  # ran into text the context holds: copy the rest
-                copy = self.lookup.continuation(context, toks, max_len - i, HANDOVER_MATCH)
-                if copy:
-                    return False
+            if p_top is None:  # i tokens drafted; look at the next (a pass) only if an average one would pay
+                if self.lookup is not None:  # ran into text the context holds: copy the rest
+                    found, match = self.lookup.continuation(context, toks, max_len - i, HANDOVER_MATCH)
+                    if found:
+                        copy = self._copy_that_pays(found, match, i, p_all, dec.rate, max_len - i)
+                        if copy:
+                            return False
+                p_next = p_all * ctl.acceptance(self.msource).alpha_rest
+                return marginal_token_pays(p_next, i, ctl.cost.verify, ctl.cost.draft_token, dec.rate)
             p_all *= self.bins[confidence_bin(p_top)].alpha
             return i == 0 or marginal_token_pays(p_all, i, ctl.cost.verify, ctl.cost.draft_token, dec.rate)
 
         d = self.model.propose(context, max_len, keep_going, p_min=0.0)
         if copy and len(d.tokens) < max_len:
-            d = Draft(d.tokens + copy[:max_len - len(d.tokens)], d.source, d.confidence, d.caught_up)
+            d = replace(d, tokens=d.tokens + copy[:max_len - len(d.tokens)])
         return d
+
+    def _copy_that_pays(self, copy: list[int], match: int, k: int, p_all: float, rate: float,
+                        room: int) -> list[int]:
+        """The part of a hand-over copy worth verifying after k model tokens whose chance of all
+        passing is ``p_all``, or nothing when the model's own tokens promise more. Either way
+        each further token is kept while it pays (:func:`marginal_token_pays`), at the
+        acceptance copies from a match this long have earned (free to draft) or the draft
+        model's (a pass a token); the copy is taken when it nets more at the step's rate."""
+        ctl = self.ctl
+        look, mod = ctl.acceptance(lookup_key(match)), ctl.acceptance(self.msource)
+
+        def run(n_max: int, first: float, rest: float, per: float) -> tuple[int, float]:
+            p, n, net = p_all, 0, 0.0
+            while n < n_max:
+                p *= first if n == 0 else rest
+                if not marginal_token_pays(p, k + n, ctl.cost.verify, per, rate):
+                    break
+                net += p - rate * (ctl.cost.verify[k + n + 1] - ctl.cost.verify[k + n] + per)
+                n += 1
+            return n, net
+
+        n, net = run(len(copy), look.alpha_first, look.alpha_rest, 0.0)
+        if n and net >= run(room, mod.alpha_rest, mod.alpha_rest, ctl.cost.draft_token)[1]:
+            return copy[:n]
+        return []
 
     def observe(self, draft: Draft, n_accepted: int, emitted: list[int], t_draft: float, t_verify: float) -> None:
         ctl = self.ctl
         k = len(draft.tokens)
         ctl.cost.observe_verify(k, t_verify)
+        ctl.observe_step(len(emitted), t_draft + t_verify)
         if draft.source == self.msource:
             own = len(draft.confidence)  # the model's own tokens; a copy may follow them
             if draft.caught_up <= CATCH_UP_PRICED:  # a long catch-up (the prompt) says nothing of a draft's cost
-                ctl.cost.observe_draft(own + 1, t_draft - ctl.cost.draft_token * (ctl.batch_ratio(draft.caught_up) - 1.0))
+                ctl.cost.observe_draft(draft.passes + 1,
+                                       t_draft - ctl.cost.draft_token * (ctl.batch_ratio(draft.caught_up) - 1.0))
             for i, c in enumerate(draft.confidence[: n_accepted + 1]):
                 self.bins[confidence_bin(c)].observe(1, 1 if i < n_accepted else 0)
             if own:

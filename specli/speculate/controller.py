@@ -4,16 +4,26 @@ At every step the controller estimates, for each draft length k (k = 0 is plain 
 the tokens a step yields (1 + expected accepted drafted tokens) over the time it takes
 (drafting k tokens + verifying a block of k + 1), and picks the k with the best rate. The
 costs are measured on the user's hardware; the acceptance probabilities are learned online
-for each drafter. When nothing beats plain decoding it drafts nothing, and probes now and
-then to notice when drafts become good again.
+for each drafter. When nothing beats plain decoding it drafts nothing, and probes a paid
+drafter now and then to notice when its drafts become good: once the gain it would have
+brought, were its drafts good, has mounted up to what the probe costs (a rent-or-buy rule).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from specli.speculate.drafters import NONE, Source
 from specli.speculate.settings import DEFAULTS
+
+# a drafter that is off is probed as if its drafts were this good (were they, would it pay?)
+GOOD_DRAFTS = 0.95
+PROBE_PRICE = 1.0  # a probe waits until the gain it forwent is this many times its cost...
+PROBE_PRICE_MAX = 16.0  # ...doubling after each probe that fails, up to this
+CAUTION = 0.5  # standard deviations off a lookup bucket's first-token acceptance (see cautious_first)
+AMORTISE = 16  # a draft model's first catch-up (the prompt) is priced as spread over this many steps
+RECENT = 0.9  # decay, per step, of the rate achieved lately
 
 
 def expected_accepted(alpha: float, k: int, first: float | None = None) -> float:
@@ -28,15 +38,18 @@ def expected_accepted(alpha: float, k: int, first: float | None = None) -> float
     return a1 * (1.0 - alpha ** k) / (1.0 - alpha)
 
 
-def step_rate(alpha: float, k: int, verify: list[float], draft_token: float, draft_step: float = 0.0,
+def step_rate(alpha: float, k: int, verify: list[float], draft_token: float, draft_step: float | None = None,
               first: float | None = None) -> float:
-    """Tokens per second of one step that drafts k tokens."""
-    t = verify[min(k, len(verify) - 1)] + (k * draft_token + draft_step if k > 0 else 0.0)
+    """Tokens per second of one step that drafts k tokens: the first costs ``draft_step``
+    (a draft model's catch-up pass, which yields it; default one ``draft_token``), each
+    further one a ``draft_token`` pass."""
+    d1 = draft_token if draft_step is None else draft_step
+    t = verify[min(k, len(verify) - 1)] + (d1 + (k - 1) * draft_token if k > 0 else 0.0)
     return (1.0 + expected_accepted(alpha, k, first)) / t if t > 0 else 0.0
 
 
 def best_length(alpha: float, verify: list[float], draft_token: float, k_max: int,
-                draft_step: float = 0.0, first: float | None = None) -> tuple[int, float]:
+                draft_step: float | None = None, first: float | None = None) -> tuple[int, float]:
     """(k, tokens/s) maximising :func:`step_rate` over 0..k_max; ties go to the shorter draft."""
     best_k, best = 0, step_rate(alpha, 0, verify, draft_token)
     for k in range(1, min(k_max, len(verify) - 1) + 1):
@@ -44,6 +57,18 @@ def best_length(alpha: float, verify: list[float], draft_token: float, k_max: in
         if r > best * (1 + 1e-9):
             best_k, best = k, r
     return best_k, best
+
+
+def block_ratio(verify: Sequence[float], n: int) -> float:
+    """A pass over n tokens over a pass over one, by a verify curve (``verify[k]``: a block of
+    k + 1): read off the curve within it; past its end, along the chord from one token to its
+    last point (the cost per token a wide batch settles to)."""
+    v0, last = verify[0], len(verify)
+    if v0 <= 0:
+        return float(max(n, 1))
+    if n <= last:
+        return verify[max(n, 1) - 1] / v0
+    return 1.0 + (verify[-1] / v0 - 1.0) * (n - 1) / (last - 1)
 
 
 def marginal_token_pays(p_all: float, k: int, verify: list[float], draft_token: float, rate: float) -> bool:
@@ -121,6 +146,14 @@ class Acceptance:
     def alpha(self) -> float:
         return self.alpha_first
 
+    def cautious_first(self) -> float:
+        """The first token's acceptance, lowered by ``CAUTION`` standard deviations of its
+        estimate: few trials, a wide margin; many, almost none. (A first token that fails
+        wastes the whole block; once a copy has started right, later tokens are judged on
+        their own estimate.)"""
+        f = self.alpha_first
+        return max(0.0, f - CAUTION * (f * (1 - f) / (self.f_n + 1)) ** 0.5)
+
     def expected(self, k: int) -> float:
         return expected_accepted(self.alpha_rest, k, self.alpha_first)
 
@@ -157,7 +190,7 @@ def prior(source: Source) -> Acceptance:
     within a few tokens; on text that does not, it never costs a verify pass."""
     if source.kind == "lookup":
         return Acceptance(first=0.4, rest=0.8)
-    return Acceptance(first=0.6, rest=0.7)
+    return Acceptance(first=0.7, rest=0.8, decay=0.97)
 
 
 @dataclass
@@ -175,15 +208,17 @@ class Controller:
 
     cost: CostModel
     k_max: int = DEFAULTS.draft_max
-    probe_every: int = 16  # plain steps between probes of a drafter that did not pay
-    probe_len: int = 2
+    probe_len: int = 2  # a first probe's length
     sources: dict[Source, Acceptance] = field(default_factory=dict)
-    plain_streak: int = 0
+    plain_streak: int = 0  # plain steps since a paid drafter last drafted or probed
     plain_steps: int = 0
     probes: int = 0
 
     def __post_init__(self):
-        self.probe_gap = self.probe_every
+        self.probe_price = PROBE_PRICE  # the next probe waits for this many times its cost in forgone gain
+        self.probe_now = self.probe_len  # the next probe's length
+        self.probing = False
+        self.done = [0.0, 0.0]  # recent tokens and seconds, decayed: the rate achieved lately
 
     def acceptance(self, source: Source) -> Acceptance:
         if source not in self.sources:
@@ -192,76 +227,98 @@ class Controller:
 
     def batch_ratio(self, n: int) -> float:
         """A pass over n tokens over a pass over one, by the target's verify curve (a draft
-        model catching up is priced by the same shape); past the curve's end, on the slope of
-        its upper half."""
-        v = self.cost.verify
-        if v[0] <= 0:
-            return float(max(n, 1))
-        if n <= len(v):
-            return v[max(n, 1) - 1] / v[0]
-        h = len(v) // 2
-        slope = (v[-1] - v[h]) / max(1, len(v) - 1 - h)
-        return (v[-1] + slope * (n - len(v))) / v[0]
+        model catching up is priced by the same shape)."""
+        return block_ratio(self.cost.verify, n)
 
     def draft_costs(self, source: Source, behind: int = 1) -> tuple[float, float]:
-        """(per drafted token, per step) seconds of a drafter. A draft model also catches up,
-        once a step, on the ``behind`` tokens it has not seen (the target's last token; more
-        after plain steps), in one pass as wide; MTP is fed inside the target's pass."""
+        """(per further token, for the first token) seconds of a drafter's step. A draft
+        model's first token comes from its catch-up pass over the ``behind`` tokens it has not
+        seen (the target's last token and its own last draft; more after plain steps), as wide;
+        MTP is fed inside the target's pass and pays one pass a token."""
         if source.free:
             return 0.0, 0.0
         dt = self.cost.draft_token
-        return dt, (dt * self.batch_ratio(behind) if source.kind == "model" else 0.0)
+        return dt, (dt * self.batch_ratio(behind) if source.kind == "model" else dt)
 
     def decide(self, candidates: dict[Source, int], k_cap: int | None = None, behind: int = 1,
-               probe_behind: int | None = None) -> Decision:
+               probe_behind: int | None = None, left: int | None = None) -> Decision:
         """``candidates``: source -> most tokens it can draft this step (a lookup match may be
         short), for the drafters that can propose now. Learned acceptance per source.
         ``behind``: the tokens a draft model's step is charged for catching up on first;
         ``probe_behind``: those a probe is (all it lacks, the prompt too: a probe that does
-        not pay leaves that cost behind for nothing)."""
+        not pay leaves that cost behind for nothing); ``left``: the most tokens the answer may
+        still take (None: no cap)."""
         k_lim = self.k_max if k_cap is None else min(self.k_max, k_cap)
         plain_rate = step_rate(0.0, 0, self.cost.verify, 0.0)
         best = Decision(NONE, 0, plain_rate, plain_rate)
+        p_behind = behind if probe_behind is None else probe_behind
         for src, avail in candidates.items():
             a = self.acceptance(src)
+            first = a.cautious_first() if src.kind == "lookup" else a.alpha_first
             dt, ds = self.draft_costs(src, behind)
-            k, rate = best_length(a.alpha_rest, self.cost.verify, dt, min(k_lim, avail), ds, a.alpha_first)
+            if p_behind > behind:  # a first draft catches up on the prompt: an outlay for the drafts to come
+                ds += (self.draft_costs(src, p_behind)[1] - ds) / AMORTISE
+            k, rate = best_length(a.alpha_rest, self.cost.verify, dt, min(k_lim, avail), ds, first)
             if k > 0 and rate > best.rate:
                 best = Decision(src, k, rate, plain_rate)
-        if best.k == 0:
+        if best.k and not best.source.free:
+            self.plain_streak, self.probe_price, self.probe_now = 0, PROBE_PRICE, self.probe_len
+            return best
+        if best.k == 0:  # (a lookup step neither counts nor resets: it does not tell the model's worth)
             self.plain_streak += 1
-            probe = self._probe(candidates, k_lim, plain_rate, behind if probe_behind is None else probe_behind)
+            probe = self._probe(candidates, k_lim, plain_rate, p_behind, left)
             if probe is not None:
                 return probe
             self.plain_steps += 1
-        else:
-            self.plain_streak = 0
-            if not best.source.free:
-                self.probe_gap = self.probe_every
         return best
 
-    def _probe(self, candidates: dict[Source, int], k_lim: int, plain_rate: float, behind: int) -> Decision | None:
+    def achieved_rate(self, plain_rate: float) -> float:
+        """Tokens per second of the last steps (plain decoding's before any)."""
+        return self.done[0] / self.done[1] if self.done[1] > 0 else plain_rate
+
+    def _probe(self, candidates: dict[Source, int], k_lim: int, plain_rate: float, behind: int,
+               left: int | None) -> Decision | None:
         """Now and then, draft a little with a paid drafter that is currently off, to notice
-        when its drafts turn good. Never for a drafter that would lose even if it were always
-        right (its cost alone rules it out) or when catching up on the text would cost more
-        than a token (a slow draft model far behind), and less often after each probe that
-        changes nothing (the gap doubles, up to 16 times)."""
-        if self.plain_streak < self.probe_gap or k_lim <= 0:
+        when its drafts turn good: once the plain steps since it last drafted would have
+        gained, had its drafts been good (``GOOD_DRAFTS``), as much over the rate achieved
+        lately as the probe costs (catching up included: a draft model's first probe pays for
+        the prompt), and only while the answer has room left to earn that back. Never for a
+        drafter that could not beat that rate at all. A probe that passes whole is followed
+        at once by one twice as long; one that does not doubles the forgone gain the next
+        must wait for (up to ``PROBE_PRICE_MAX`` times its cost)."""
+        if k_lim <= 0:
             return None
+        base = max(plain_rate, self.achieved_rate(plain_rate))
         for src in candidates:
             if src.free:
                 continue
-            dt, ds = self.draft_costs(src, behind)
-            if best_length(0.95, self.cost.verify, dt, k_lim, ds, 0.95)[0] == 0:
+            dt, ds1 = self.draft_costs(src, 1)
+            k, rate = best_length(GOOD_DRAFTS, self.cost.verify, dt, k_lim, ds1, GOOD_DRAFTS)
+            if k == 0 or rate <= base:
                 continue
-            if ds > self.cost.verify[0]:
-                continue  # catching up (on the prompt, say) would cost more than a token
+            n = min(self.probe_now, k_lim)
+            cost = self.draft_costs(src, behind)[1] + (n - 1) * dt + self.cost.verify[n] - self.cost.verify[0]
+            gain = self.cost.verify[0] * (1.0 - base / rate)  # a token's worth, were the drafts good
+            if self.plain_streak * gain < self.probe_price * cost or (left is not None and left * gain < cost):
+                continue
             self.plain_streak = 0
-            self.probe_gap = min(self.probe_gap * 2, self.probe_every * 16)
             self.probes += 1
-            return Decision(src, min(self.probe_len, k_lim), plain_rate, plain_rate, probe=True)
+            self.probing = True
+            return Decision(src, n, plain_rate, plain_rate, probe=True)
         return None
+
+    def observe_step(self, n_emitted: int, seconds: float) -> None:
+        """A step's yield, for the rate achieved lately."""
+        d = RECENT
+        self.done = [self.done[0] * d + n_emitted, self.done[1] * d + seconds]
 
     def observe(self, source: Source, n_drafted: int, n_accepted: int) -> None:
         if n_drafted > 0:
             self.acceptance(source).observe(n_drafted, n_accepted)
+        if self.probing and not source.free:
+            self.probing = False
+            if n_drafted and n_accepted >= n_drafted:
+                self.probe_price, self.probe_now = 0.0, min(2 * self.probe_now, self.k_max)
+            else:
+                self.probe_price = min(max(2 * self.probe_price, PROBE_PRICE), PROBE_PRICE_MAX)
+                self.probe_now = self.probe_len

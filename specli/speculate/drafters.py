@@ -50,12 +50,16 @@ class Draft:
     # context tokens a draft model evaluated before drafting (catching up on what the target
     # emitted; the whole prompt at the first step): not a cost of the drafted tokens
     caught_up: int = 0
+    passes: int = 0  # one-token passes a model drafter made after that (a look past its last token too)
 
 
 class Drafter:
     """The contract every drafter follows; ``observe`` and ``close`` do nothing by default."""
 
     name = "none"
+
+    def begin(self, prompt: Sequence[int], max_tokens: int | None) -> None:
+        """Before an answer: its prompt and the most tokens it may take (None: no cap)."""
 
     def propose(self, context: Sequence[int], max_len: int) -> Draft:
         raise NotImplementedError
@@ -76,14 +80,17 @@ def row_top(row: np.ndarray) -> tuple[int, float]:
 
 def greedy_drafts(first_row, step: Callable[[int], object], max_len: int, is_eog: Callable[[int], bool],
                   p_min: float, keep_going: Callable[[int, float, list[int]], bool] | None = None,
-                  top: Callable[[object], tuple[int, float]] = row_top) -> tuple[list[int], list[float]]:
+                  top: Callable[[object], tuple[int, float]] = row_top) -> tuple[list[int], list[float], int]:
     """A model's greedy draft: from the logits ``first_row``, take the argmax, feed it with
     ``step(token) -> next row``, and so on. Before adding token i (0-based) with top probability
     p, stop if p < p_min (never before the first) or ``keep_going(i, p, tokens so far)`` says
-    it no longer pays. Returns the tokens and their top probabilities. ``top`` reads a row's argmax and
-    its probability (the replay hands recorded (token, p) pairs instead of logits)."""
+    it no longer pays; before the pass that would show token i (i > 0), stop if
+    ``keep_going(i, None, tokens so far)`` says even looking does not pay. Returns the tokens
+    and their top probabilities, and the passes made (``step`` calls). ``top`` reads a row's
+    argmax and its probability (the replay hands recorded (token, p) pairs instead of logits)."""
     toks: list[int] = []
     conf: list[float] = []
+    passes = 0
     row = first_row
     while True:
         tok, p_top = top(row)
@@ -91,10 +98,11 @@ def greedy_drafts(first_row, step: Callable[[int], object], max_len: int, is_eog
             break
         toks.append(tok)
         conf.append(p_top)
-        if len(toks) >= max_len or is_eog(tok):
+        if len(toks) >= max_len or is_eog(tok) or (keep_going is not None and not keep_going(len(toks), None, toks)):
             break
         row = step(tok)
-    return toks, conf
+        passes += 1
+    return toks, conf, passes
 
 
 class NoDrafter(Drafter):
@@ -138,13 +146,14 @@ class LookupDrafter(Drafter):
         return Draft(toks, LOOKUP, [float(n)] * len(toks))
 
     def continuation(self, context: Sequence[int], drafted: Sequence[int], max_len: int,
-                     min_match: int) -> list[int]:
+                     min_match: int) -> tuple[list[int], int]:
         """What a copy would add after ``drafted`` (another drafter's tokens after the
         ``context`` just proposed from), when those tokens run into text the context holds:
-        the tokens after the longest match, nothing if it is shorter than ``min_match``."""
+        (the tokens after the longest match, its length); nothing if it is shorter than
+        ``min_match``."""
         tail = (list(context[-self.MATCH_CAP:]) + list(drafted))[-self.MATCH_CAP:]
         toks, n = self.index.find(max_len, self.MATCH_CAP, tail)
-        return toks if n >= min_match and max_len > 0 else []
+        return (toks, n) if n >= min_match and max_len > 0 else ([], 0)
 
 
 class ModelDrafter(Drafter):
@@ -175,8 +184,9 @@ class ModelDrafter(Drafter):
         kept = ctx.sync(context)
         row = ctx.eval(list(context[kept:]))[0]
         ctx.mark(across_decodes=True)  # a recurrent draft model rolls its drafts back to here
-        toks, conf = greedy_drafts(row, lambda t: ctx.eval([t])[0], max_len, self.model.is_eog, p_min, keep_going)
-        return Draft(toks, MODEL, conf, len(context) - kept)
+        toks, conf, passes = greedy_drafts(row, lambda t: ctx.eval([t])[0], max_len, self.model.is_eog, p_min,
+                                           keep_going)
+        return Draft(toks, MODEL, conf, len(context) - kept, passes)
 
     def behind(self, context: Sequence[int]) -> int:
         """The tokens of ``context`` its cache lacks: what its next draft first evaluates."""

@@ -181,6 +181,7 @@ def _decode(target: Context, prompt: list[int], drafter: Drafter, params: Sampli
     rng = np.random.default_rng(params.seed)
     detok = _Detok(model.piece)
     t0 = time.perf_counter()
+    drafter.begin(prompt, max_tokens)
     kept = target.sync(prompt, align)
     st.prompt_tokens, st.prompt_tokens_cached = len(prompt), kept
     _, tok = accept([], target.eval(prompt[kept:]), params, rng)

@@ -110,10 +110,10 @@ class MTPDrafter(Drafter, DecodeListener):
 
         try:
             first = step(int(context[-1]), self.hidden(pos0 - 1))
-            toks, conf = greedy_drafts(first, step, max_len, self.target.model.is_eog, p_min, keep_going)
+            toks, conf, passes = greedy_drafts(first, step, max_len, self.target.model.is_eog, p_min, keep_going)
         finally:
             ctx.rollback(pos0)  # the verify pass feeds the real rows for these positions
-        return Draft(toks, MTP, conf)
+        return Draft(toks, MTP, conf, passes=passes)
 
     def behind(self, context: Sequence[int]) -> int:
         """Nothing to catch up on: the target's own passes feed the MTP layers."""
