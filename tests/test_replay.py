@@ -26,7 +26,7 @@ from specli.measure.replay import (
 )
 from specli.speculate.adaptive import adaptive_drafter, lookup_drafter
 from specli.speculate.controller import lookup_key
-from specli.speculate.drafters import MODEL, Drafter, ModelDrafter
+from specli.speculate.drafters import MODEL, Draft, Drafter, ModelDrafter
 from specli.speculate.loop import generate
 from specli.speculate.settings import DEFAULTS
 from specli.speculate.verify import SamplingParams
@@ -177,6 +177,27 @@ def test_the_replayed_controller_takes_the_real_runs_steps(pair, costs):
         assert list(zip(run.lengths, run.accepted_at)) == real.steps
         n_drafted += sum(k for k, _ in real.steps)
     assert n_drafted > 10  # the comparison covered real drafting
+
+
+def test_the_loop_and_the_replay_tell_the_drafter_the_prompt_and_the_cap(pair):
+    class Told(Drafter):
+        def __init__(self):
+            self.told = []
+
+        def begin(self, prompt, max_tokens):
+            self.told.append((list(prompt), max_tokens))
+
+        def propose(self, context, max_len):
+            return Draft([])
+
+    tm, _ = pair
+    prompt = tm.tokenize(PROMPTS[1])
+    d = Told()
+    out = [t for ch in generate(Context(tm, CFG), prompt, d, SamplingParams(), 9, 4) for t in ch.tokens]
+    assert d.told == [(prompt, 9)] and len(out) == 9
+    t = Trace("s", "p", prompt, out[:5], [], {}, max_tokens=9)  # an answer that stopped early
+    replay(t, d, Costs.linear(0.1, 0.1, 8), 4, Clock())
+    assert d.told[1] == (prompt, 9)  # the cap, not the answer's length
 
 
 def test_the_trace_says_what_the_draft_model_drafts(pair):
