@@ -73,7 +73,7 @@ class AdaptiveDrafter(Drafter):
         kind = self.msource.kind
         self.name = ("hybrid" if lookup and kind == "model" else kind) if model is not None else "lookup"
         self.bins = [Acceptance(first=min(e, 1.0), rest=min(e, 1.0)) for e in CONFIDENCE_BINS]
-        self._model_at = 0  # the context length when the model last drafted
+        self._model_drafted = False  # has the controller chosen the model yet (probes aside)
         self._pending: tuple[Source, list[int]] | None = None  # lookup's proposal
         self._end: int | None = None  # the context length at which the answer must end
         self.last = None  # the last Decision, for tests and stats
@@ -97,16 +97,17 @@ class AdaptiveDrafter(Drafter):
         behind = lacks = 1
         if self.model is not None:
             cands[self.msource] = max_len
-            # a model that drafts catches up on the prompt once: what the target emitted since
-            # it last drafted is this step's to pay for
+            # a draft model first catches up on what its cache lacks: what the target emitted
+            # since it last drafted; before its first draft, the prompt, which the controller
+            # prices as an outlay for the drafts to come (``probe_behind``)
             lacks = self.model.behind(context)
-            behind = min(lacks, len(context) - self._model_at + 1) if self._model_at else 1
+            behind = lacks if self._model_drafted else 1
         left = None if self._end is None else self._end - len(context)
         dec = self.ctl.decide(cands, k_cap=max_len, behind=behind, probe_behind=lacks, left=left)
         self.last = dec
         self._pending = (look_key, look) if look else None
         if dec.k and dec.source == self.msource:
-            self._model_at = len(context)
+            self._model_drafted = True
         if dec.k == 0:
             return Draft([])
         if dec.source.kind == "lookup":
