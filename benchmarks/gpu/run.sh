@@ -3,9 +3,11 @@
 #   1 deps    install from benchmarks/gpu/cache/wheels whatever python3 lacks (into $WORK/site)
 #   2 build   llama-cpp-python 0.3.36 with CUDA for this GPU's architecture only, from the carried sdist
 #   3 synth   synthetic Qwen2.5-7B / 0.5B-shaped Q4_K_M GGUFs (in the background, during the build)
-#   4 costs   the 7B's verify cost curve and the 0.5B's per-token cost -> $OUT/gpu-costs.json
-#   5 replay  benchmarks/replay.py --no-measured --costs $OUT/gpu-costs.json --traces benchmarks/gpu/cache/traces
-#   6 tests   the exactness tests with every model offloaded
+#   4 load    the 0.5B loaded fully offloaded and decoded; on a crash, a backtrace and loading
+#             variants (load_check.py) until one works, which the later phases then use
+#   5 costs   the 7B's verify cost curve and the 0.5B's per-token cost -> $OUT/gpu-costs.json
+#   6 replay  benchmarks/replay.py --no-measured --costs $OUT/gpu-costs.json --traces benchmarks/gpu/cache/traces
+#   7 tests   the exactness tests with every model offloaded
 # Each phase has its own time limit inside a total of BUDGET seconds (570); a failed phase does not
 # stop the later ones. Prints each phase's time; $OUT gets run.log, gpu-costs.json, models.json,
 # build.log.gz, tests.xml, replay.md + replay.json, phases.json (8 files, the most that come back).
@@ -135,12 +137,48 @@ synth() {
   $PY "$HERE/synth_models.py" models --scale "$SCALE" --tokenizer "$CACHE/smollm2-tokenizer.gguf" --out "$MODELS"
 }
 
+loadcheck() {
+  # the draft model fully offloaded, loaded and decoded, first as specli loads it; on a crash, a
+  # native backtrace, then loading variants until one works: later phases take its environment
+  local m=$MODELS/draft.gguf v rc
+  local variants=(""
+    "SPECLI_LLAMA_LOG=1"
+    "SPECLI_LLAMA_LOG=1 GGML_CUDA_NO_PINNED=1"
+    "SPECLI_LLAMA_LOG=1 SPECLI_GPU_MODEL_PARAMS=load_mode=0"
+    "SPECLI_LLAMA_LOG=1 SPECLI_GPU_MODEL_PARAMS=use_extra_bufts=0,no_host=1"
+    "SPECLI_LLAMA_LOG=1 GGML_CUDA_NO_PINNED=1 SPECLI_GPU_MODEL_PARAMS=load_mode=0,lazy_mode=0,use_extra_bufts=0,no_host=1")
+  [ -f "$m" ] || { echo "load check: no $m"; return 1; }
+  : > "$WORK/variant.env"
+  for v in "${variants[@]}"; do
+    echo "-- load check with: ${v:-the defaults}"
+    # shellcheck disable=SC2086
+    env $v timeout 60 $PY "$HERE/load_check.py" "$m" --gpu-layers "$GPU_LAYERS" < /dev/null > "$WORK/lc.log" 2>&1
+    rc=$?
+    grep -v '^llama_model_loader: - \|^print_info\|^load_tensors: layer ' "$WORK/lc.log" | tail -20
+    if [ $rc = 0 ]; then
+      # later phases keep specli's log callback unless doing without it was the whole fix
+      for x in $v; do [ "$x" = SPECLI_LLAMA_LOG=1 ] && [ "$v" != "$x" ] || echo "export $x"; done > "$WORK/variant.env"
+      echo "load check: OK with ${v:-the defaults}"; return 0
+    fi
+    if [ -z "$v" ] && command -v cuda-gdb >/dev/null; then
+      echo "-- native backtrace (cuda-gdb)"
+      timeout 90 cuda-gdb -q -batch -ex run -ex "bt 30" --args "$PY" "$HERE/load_check.py" "$m" < /dev/null 2>&1 \
+        | grep -v '^\[New Thread\|^\[Thread\|^llama_model_loader: - ' | tail -45
+    fi
+  done
+  echo "-- llama-cpp-python's own Llama class"
+  timeout 60 $PY "$HERE/load_check.py" "$m" --llama-cpp < /dev/null 2>&1 | grep -v '^llama_model_loader: - ' | tail -20
+  return 1
+}
+
 costs() {
+  . "$WORK/variant.env" 2>/dev/null
   $PY "$HERE/gpu_costs.py" --models "$MODELS" --out "$OUT/gpu-costs.json" --gpu-layers "$GPU_LAYERS" \
       --threads "$JOBS" --k-max "$K_MAX" --reps "$REPS" --machine "$MACHINE"
 }
 
 tests() {
+  . "$WORK/variant.env" 2>/dev/null
   SPECLI_TEST_GPU_LAYERS=$GPU_LAYERS SPECLI_TEST_TOKENIZER=$CACHE/smollm2-tokenizer.gguf PYTHONPATH="$HERE:$PYTHONPATH" \
     $PY -m pytest -q -rfE -p gpu_offload -p no:cacheprovider --junitxml="$OUT/tests.xml" \
       tests/test_engine_exact.py tests/test_hybrid.py -k "$TEST_K"
@@ -165,7 +203,7 @@ replay() {
   $PY benchmarks/replay.py --no-measured --costs "$OUT/gpu-costs.json" --traces "$CACHE/traces" \
       --suites "$suites" --k-max "$K_MAX" --grid-c "" --out "$OUT/replay.md"
 }
-export -f deps build synth costs tests replay
+export -f deps build synth loadcheck costs tests replay
 
 phase deps 90 deps
 # the models need only numpy + gguf: write them while the build keeps the CPUs busy
@@ -179,6 +217,7 @@ cat "$WORK/synth.log"
 read -r rc secs < "$WORK/synth.rc"
 record synth "$rc" "$secs"
 [ -f "$MODELS/models.json" ] && cp "$MODELS/models.json" "$OUT/models.json"
+phase loadcheck 120 loadcheck
 phase costs 150 costs
 # the replay first: it is the figures this run is for, and takes seconds
 phase replay 60 replay
