@@ -166,6 +166,9 @@ loadcheck() {
         | grep -v '^\[New Thread\|^\[Thread\|^llama_model_loader: - ' | tail -45
     fi
   done
+  echo "-- the same with no layer offloaded (does the loader crash with the GPU merely present?)"
+  SPECLI_LLAMA_LOG=1 timeout 60 $PY "$HERE/load_check.py" "$m" --gpu-layers 0 < /dev/null 2>&1 \
+    | grep -v '^llama_model_loader: - \|^print_info\|^load_tensors: layer \|^create_tensor\|^llama_graph_n_input' | tail -8
   echo "-- llama-cpp-python's own Llama class"
   timeout 60 $PY "$HERE/load_check.py" "$m" --llama-cpp < /dev/null 2>&1 | grep -v '^llama_model_loader: - ' | tail -20
   return 1
