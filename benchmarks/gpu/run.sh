@@ -109,6 +109,17 @@ build() {
   local cc
   cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
   [ -n "$cc" ] || { echo "build: nvidia-smi gave no compute capability"; [ "$DRY" = 1 ] && cc=90 || return 1; }
+  # a wheel prepare.sh built for this architecture (CUDA_ARCH=NN) saves the build's minutes here
+  local pre=$CACHE/llama_cpp_cuda.whl
+  if [ -f "$pre" ] && grep -qx "arch=$cc" "$CACHE/llama_cpp_cuda.txt" 2>/dev/null; then
+    echo "prebuilt wheel: $(tr '\n' ' ' < "$CACHE/llama_cpp_cuda.txt")"
+    if [ "$DRY" = 1 ]; then echo "DRY_RUN: not unpacked"; return 0; fi
+    $PY -m zipfile -e "$pre" "$SITE" \
+      && $PY -c 'import sys, llama_cpp; ok = llama_cpp.llama_supports_gpu_offload(); print("prebuilt: GPU offload", ok); sys.exit(not ok)' \
+      && return 0
+    echo "the prebuilt wheel does not load here: building from the sdist"
+    rm -rf "$SITE/llama_cpp" "$SITE"/llama_cpp_python-*.dist-info
+  fi
   export CUDACXX=${CUDACXX:-$(command -v nvcc)}
   export CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$cc -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
 -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF -DGGML_CUDA_NCCL=OFF -DGGML_CCACHE=OFF -DGGML_CUDA_FA=$CUDA_FA"
@@ -142,6 +153,7 @@ loadcheck() {
   # native backtrace, then loading variants until one works: later phases take its environment
   local m=$MODELS/draft.gguf v rc
   local variants=(""
+    "SPECLI_GPU_LLAMA_FIRST=1"
     "SPECLI_LLAMA_LOG=1"
     "SPECLI_LLAMA_LOG=1 GGML_CUDA_NO_PINNED=1"
     "SPECLI_LLAMA_LOG=1 SPECLI_GPU_MODEL_PARAMS=load_mode=0"
@@ -169,6 +181,11 @@ loadcheck() {
   echo "-- the same with no layer offloaded (does the loader crash with the GPU merely present?)"
   SPECLI_LLAMA_LOG=1 timeout 60 $PY "$HERE/load_check.py" "$m" --gpu-layers 0 < /dev/null 2>&1 \
     | grep -v '^llama_model_loader: - \|^print_info\|^load_tensors: layer \|^create_tensor\|^llama_graph_n_input' | tail -8
+  echo "-- the C++ runtime each library needs, and any C++ locale code it carries itself"
+  for f in "$SITE"/llama_cpp/lib/lib{llama,ggml-cuda}.so; do
+    [ -f "$f" ] && echo "$(basename "$f"): $(readelf -d "$f" 2>/dev/null | grep -o 'libstdc++[^]]*' | head -1 || true)" \
+      "exports $(nm -DC --defined-only "$f" 2>/dev/null | grep -c ' std::locale\| std::codecvt' || true) std::locale/codecvt symbols"
+  done
   echo "-- llama-cpp-python's own Llama class"
   timeout 60 $PY "$HERE/load_check.py" "$m" --llama-cpp < /dev/null 2>&1 | grep -v '^llama_model_loader: - ' | tail -20
   return 1
