@@ -106,7 +106,19 @@ if [ -n "${CUDA_ARCH:-}" ] && [ ! -f "$CACHE/llama_cpp_cuda.whl" ]; then
   CMAKE_ARGS="$flags -DCMAKE_LIBRARY_PATH=$tk/lib;$tk/lib/stubs -DCMAKE_CUDA_FLAGS=-I$tk/include -DCMAKE_CXX_FLAGS=-I$tk/include" \
     $PY -m pip wheel -q --no-deps --no-build-isolation --disable-pip-version-check -w "$tk/wheel" \
       "$CACHE/$NAME.tar.gz"
-  cp "$tk"/wheel/llama_cpp_python-*.whl "$CACHE/llama_cpp_cuda.whl"
+  # the wheel holds each library up to six times (.so, .so.0 and .so.0.x.y, under llama_cpp/lib
+  # and lib/): keep llama_cpp/ with the names the loaders ask for (~29 of 185 MiB)
+  $PY - "$tk"/wheel/llama_cpp_python-*.whl "$CACHE/llama_cpp_cuda.whl" <<'EOF'
+import re, sys, zipfile
+src, dst = sys.argv[1:]
+lib = re.compile(r"llama_cpp/lib/(libllama\.so|libggml\.so|lib[\w-]+\.so\.\d+)$")
+with zipfile.ZipFile(src) as z, zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as out:
+    for i in z.infolist():
+        name = i.filename
+        if name.startswith("llama_cpp_python-") or (name.startswith("llama_cpp/") and (
+                not name.startswith("llama_cpp/lib/") or lib.match(name))):
+            out.writestr(i, z.read(i))
+EOF
   printf 'arch=%s\ncuda=%s\ncublas=%s\nflags=%s\n' "$CUDA_ARCH" "$cuda" "$(basename "$tk"/nvidia_cublas*.whl)" \
     "$flags" > "$CACHE/llama_cpp_cuda.txt"
   rm -rf "$tk"
