@@ -2,6 +2,7 @@
 # specli on one NVIDIA GPU, in one command, with nothing to download (see README.md beside this):
 #   1 deps    install from benchmarks/gpu/cache/wheels whatever python3 lacks (into $WORK/site)
 #   2 build   llama-cpp-python 0.3.36 with CUDA for this GPU's architecture only, from the carried sdist
+#             (or the wheel prepare.sh built for it with CUDA_ARCH=NN, unpacked)
 #   3 synth   synthetic Qwen2.5-7B / 0.5B-shaped Q4_K_M GGUFs (in the background, during the build)
 #   4 load    the 0.5B loaded fully offloaded and decoded; on a crash, a backtrace and loading
 #             variants (load_check.py) until one works, which the later phases then use
