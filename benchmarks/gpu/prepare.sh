@@ -102,9 +102,11 @@ if [ -n "${CUDA_ARCH:-}" ] && [ ! -f "$CACHE/llama_cpp_cuda.whl" ]; then
 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \
 -DLLAVA_BUILD=OFF -DGGML_CCACHE=OFF"
   echo "prepare: building llama-cpp-python with CUDA $cuda for sm_$CUDA_ARCH here (long)"
+  # --no-cache-dir: pip would otherwise hand back a wheel it cached from this same sdist, built
+  # with other flags (another architecture)
   CUDACXX=$NVCC CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
   CMAKE_ARGS="$flags -DCMAKE_LIBRARY_PATH=$tk/lib;$tk/lib/stubs -DCMAKE_CUDA_FLAGS=-I$tk/include -DCMAKE_CXX_FLAGS=-I$tk/include" \
-    $PY -m pip wheel -q --no-deps --no-build-isolation --disable-pip-version-check -w "$tk/wheel" \
+    $PY -m pip wheel -q --no-deps --no-build-isolation --no-cache-dir --disable-pip-version-check -w "$tk/wheel" \
       "$CACHE/$NAME.tar.gz"
   # the wheel holds each library up to six times (.so, .so.0 and .so.0.x.y, under llama_cpp/lib
   # and lib/): keep llama_cpp/ with the names the loaders ask for (~29 of 185 MiB)
