@@ -74,7 +74,7 @@ $PY -m pip download -q --no-deps --only-binary=:all: --python-version "$DEVICE_P
 # GPU's compute capability matches. cuBLAS comes from PyPI (nvidia-cublas, the toolkit's major
 # version) and the driver library is linked against a stand-in (the real libcuda.so.1 is on the GPU
 # machine); both stay in a temporary folder, nothing is installed. CPU code: x86-64-v3 (AVX2, FMA,
-# F16C, BMI2), not this machine's -march=native. FlashAttention kernels off, as in run.sh.
+# F16C, BMI2), not this machine's -march=native. FlashAttention kernels off unless CUDA_FA=ON, as in run.sh.
 if [ -n "${CUDA_ARCH:-}" ] && [ ! -f "$CACHE/llama_cpp_cuda.whl" ]; then
   NVCC=${CUDACXX:-$(command -v nvcc || true)}
   [ -n "$NVCC" ] || { echo "prepare: CUDA_ARCH is set but there is no nvcc here" >&2; exit 1; }
@@ -97,10 +97,9 @@ if [ -n "${CUDA_ARCH:-}" ] && [ ! -f "$CACHE/llama_cpp_cuda.whl" ]; then
     cuMemGetAllocationGranularity cuMemCreate cuMemAddressReserve cuMemAddressFree cuGetErrorString \
     cuDeviceGetAttribute cuDeviceGet > "$tk/stub.c"
   gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$tk/lib/stubs/libcuda.so" "$tk/stub.c"
-  flags="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH -DGGML_CUDA_FA=OFF -DGGML_CUDA_NCCL=OFF \
--DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
--DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \
--DLLAVA_BUILD=OFF -DGGML_CCACHE=OFF"
+  . "$HERE/cuda_flags.sh"
+  flags="$(cuda_cmake_args "$CUDA_ARCH" "${CUDA_FA:-OFF}") -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
+-DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
   echo "prepare: building llama-cpp-python with CUDA $cuda for sm_$CUDA_ARCH here (long)"
   # --no-cache-dir: pip would otherwise hand back a wheel it cached from this same sdist, built
   # with other flags (another architecture)

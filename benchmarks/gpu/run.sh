@@ -40,6 +40,7 @@ GPU_LAYERS=${GPU_LAYERS:--1}
 # (their ~80 template instances are the slowest files); specli's f32-KV tests disable FA anyway,
 # and at the contexts measured (a few hundred tokens) a 7B pass is its weights, not its attention
 CUDA_FA=${CUDA_FA:-OFF}
+. "$HERE/cuda_flags.sh"
 mkdir -p "$OUT" "$SITE" "$MODELS"
 exec > >(tee -a "$OUT/run.log") 2>&1
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$PATH" PYTHONUNBUFFERED=1
@@ -122,8 +123,8 @@ build() {
     rm -rf "$SITE/llama_cpp" "$SITE"/llama_cpp_python-*.dist-info
   fi
   export CUDACXX=${CUDACXX:-$(command -v nvcc)}
-  export CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$cc -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
--DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF -DGGML_CUDA_NCCL=OFF -DGGML_CCACHE=OFF -DGGML_CUDA_FA=$CUDA_FA"
+  CMAKE_ARGS=$(cuda_cmake_args "$cc" "$CUDA_FA")
+  export CMAKE_ARGS
   export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
   local cmd=("$PY" -m pip install --no-index --no-deps --no-build-isolation --no-compile --disable-pip-version-check
              -v --target "$SITE" --config-settings=build-dir="$WORK/build" "$SDIST")
@@ -183,7 +184,7 @@ loadcheck() {
   SPECLI_LLAMA_LOG=1 timeout 60 $PY "$HERE/load_check.py" "$m" --gpu-layers 0 < /dev/null 2>&1 \
     | grep -v '^llama_model_loader: - \|^print_info\|^load_tensors: layer \|^create_tensor\|^llama_graph_n_input' | tail -8
   echo "-- the C++ runtime each library needs, and any C++ locale code it carries itself"
-  for f in "$SITE"/llama_cpp/lib/lib{llama,ggml-cuda}.so; do
+  for f in "$SITE"/llama_cpp/lib/{libllama.so,libggml-cuda.so.0}; do
     [ -f "$f" ] && echo "$(basename "$f"): $(readelf -d "$f" 2>/dev/null | grep -o 'libstdc++[^]]*' | head -1 || true)" \
       "exports $(nm -DC --defined-only "$f" 2>/dev/null | grep -c ' std::locale\| std::codecvt' || true) std::locale/codecvt symbols"
   done
@@ -228,7 +229,7 @@ replay() {
   $PY benchmarks/replay.py --no-measured --costs "$OUT/gpu-costs.json" --traces "$CACHE/traces" \
       --suites "$suites" --k-max "$K_MAX" --grid-c "" --out "$OUT/replay.md"
 }
-export -f deps build synth loadcheck costs tests replay
+export -f deps build synth loadcheck costs tests replay cuda_cmake_args
 
 phase deps 90 deps
 # the models need only numpy + gguf: write them while the build keeps the CPUs busy
