@@ -10,11 +10,10 @@ from specli.speculate.controller import (
     CostModel,
     best_length,
     expected_accepted,
-    lookup_key,
     marginal_token_pays,
     step_rate,
 )
-from specli.speculate.drafters import MODEL, NONE, Draft, LookupDrafter, Source
+from specli.speculate.drafters import MODEL, NONE, Draft, LookupDrafter, Source, lookup_key
 
 L2, L4, L16 = Source("lookup", 2), Source("lookup", 4), Source("lookup", 16)
 
@@ -229,6 +228,27 @@ def test_lookup_acceptance_is_learned_per_match_length():
         ctl.observe(L2, 4, 1)
     long, short = ctl.decide({L16: 16}), ctl.decide({L2: 16})
     assert long.k == 15 and short.k <= 1  # 15 drafted + 1: the block of 16 is cheapest per token
+
+
+def test_copies_going_on_in_one_bucket_teach_the_others():
+    # a bucket not seen yet starts from the continuation rate every copy so far has shown:
+    # in an answer whose copies go on, a fresh 8-token match drafts long at once
+    fresh = Controller(CostModel(curve(VM_CURVE)), k_max=16)
+    taught = Controller(CostModel(curve(VM_CURVE)), k_max=16)
+    for _ in range(10):
+        taught.observe(L4, 16, 16)
+    L8 = lookup_key(8)
+    assert fresh.acceptance(L8).alpha_rest == pytest.approx(0.8)
+    assert taught.acceptance(L8).alpha_rest > 0.9 and taught.acceptance(L8).alpha_first == pytest.approx(0.4)
+    taught.acceptance(L8).observe(1, 1)  # its own first token: right
+    fresh.acceptance(L8).observe(1, 1)
+    assert taught.decide({L8: 16}).k > fresh.decide({L8: 16}).k
+    # and copies that keep breaking teach the same: the shared rate falls for every bucket
+    for _ in range(10):
+        taught.observe(L16, 16, 1)
+    assert taught.acceptance(lookup_key(20)).alpha_rest < 0.6
+    # while the draft model's acceptance is its own
+    assert taught.acceptance(MODEL).alpha_rest == pytest.approx(0.8)
 
 
 def test_a_short_match_buys_a_short_draft_however_good_its_record():

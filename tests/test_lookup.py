@@ -1,4 +1,4 @@
-from specli.speculate.drafters import LookupDrafter
+from specli.speculate.drafters import AMBIGUOUS, LookupDrafter, Source, lookup_key
 from specli.speculate.lookup import NgramIndex, Substitutions, lookup_draft
 
 
@@ -31,6 +31,32 @@ def test_draft_is_capped_and_index_is_incremental():
     assert idx.find(1) == ([5], 3) and idx.find(1, extend_to=10) == ([5], 4)
     idx.truncate(3)
     assert idx.tokens == [1, 2, 3] and idx.find(4) == ([], 0)
+
+
+def test_an_ngram_continued_two_ways_is_ambiguous():
+    idx = NgramIndex(1, 3)
+    idx.extend([1, 2, 3, 9, 1, 2, 4, 9, 1, 2])
+    # (1, 2) went on with 3, then 4: a guess; (2, 3) only ever with 9
+    assert (1, 2) in idx.ambiguous and (2,) in idx.ambiguous and (2, 3) not in idx.ambiguous
+    assert idx.find(4) == ([4, 9, 1, 2], 3) and not idx.last_ambiguous  # (9, 1, 2): one way so far
+    idx.extend([5])
+    idx.extend([9, 1, 2])
+    assert (9, 1, 2) in idx.ambiguous
+    assert idx.find(4) == ([5, 9, 1, 2], 3) and idx.last_ambiguous
+    assert idx.find(4, tail=[7, 2, 3]) == ([9, 1, 2, 4], 2) and not idx.last_ambiguous
+    idx.truncate(4)
+    assert idx.ambiguous == set()
+
+
+def test_lookup_drafts_from_an_ambiguous_match_under_their_own_key():
+    prompt = [1, 2, 3, 4, 5, 1, 2, 6, 7]
+    d = LookupDrafter(n_max=4).propose(prompt + [1, 2], 3)
+    assert d.tokens == [6, 7, 1] and d.source == lookup_key(2, ambiguous=True) == Source("lookup", AMBIGUOUS)
+    # the longest match decides: (1, 2) is ambiguous, (1, 2, 3, 4) is not
+    d = LookupDrafter(n_max=4).propose(prompt + [1, 2, 3, 4], 3)
+    assert d.tokens == [5, 1, 2] and d.source == lookup_key(4) == Source("lookup", 4)
+    d = LookupDrafter(n_max=4).propose(prompt + [8, 3, 4], 3)
+    assert d.tokens == [5, 1, 2] and d.source == Source("lookup", 2)
 
 
 def _copy_with(answer, prompt, drafter):

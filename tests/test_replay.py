@@ -25,7 +25,7 @@ from specli.measure.replay import (
     save_traces,
 )
 from specli.speculate.adaptive import adaptive_drafter, lookup_drafter
-from specli.speculate.controller import lookup_key
+from specli.speculate.drafters import lookup_key
 from specli.speculate.drafters import MODEL, Draft, Drafter, ModelDrafter
 from specli.speculate.loop import generate
 from specli.speculate.settings import DEFAULTS

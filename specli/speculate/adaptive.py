@@ -10,7 +10,6 @@ from specli.speculate.controller import (
     Acceptance,
     Controller,
     CostModel,
-    lookup_key,
     marginal_token_pays,
 )
 from specli.speculate.drafters import (
@@ -90,7 +89,7 @@ class AdaptiveDrafter(Drafter):
             if d.tokens:
                 look = d.tokens
                 match = int(d.confidence[0])
-                look_key = lookup_key(match)
+                look_key = d.source
                 # a copy is trusted about as far again as it has matched: a 2-token match that
                 # happens to recur cannot buy a 16-token block, a copy in sync can
                 cands[look_key] = min(len(look), 2 * match)
@@ -122,9 +121,9 @@ class AdaptiveDrafter(Drafter):
             nonlocal p_all, copy
             if p_top is None:  # i tokens drafted; look at the next (a pass) only if an average one would pay
                 if self.lookup is not None:  # ran into text the context holds: copy the rest
-                    found, match = self.lookup.continuation(context, toks, max_len - i, HANDOVER_MATCH)
-                    if found:
-                        copy = self._copy_that_pays(found, match, i, p_all, dec.rate, max_len - i)
+                    found = self.lookup.continuation(context, toks, max_len - i, HANDOVER_MATCH)
+                    if found.tokens:
+                        copy = self._copy_that_pays(found, i, p_all, dec.rate, max_len - i)
                         if copy:
                             return False
                 p_next = p_all * ctl.acceptance(self.msource).alpha_rest
@@ -137,15 +136,14 @@ class AdaptiveDrafter(Drafter):
             d = replace(d, tokens=d.tokens + copy[:max_len - len(d.tokens)])
         return d
 
-    def _copy_that_pays(self, copy: list[int], match: int, k: int, p_all: float, rate: float,
-                        room: int) -> list[int]:
+    def _copy_that_pays(self, copy: Draft, k: int, p_all: float, rate: float, room: int) -> list[int]:
         """The part of a hand-over copy worth verifying after k model tokens whose chance of all
         passing is ``p_all``, or nothing when the model's own tokens promise more. Either way
         each further token is kept while it pays (:func:`marginal_token_pays`), at the
-        acceptance copies from a match this long have earned (free to draft) or the draft
+        acceptance copies from a match like it have earned (free to draft) or the draft
         model's (a pass a token); the copy is taken when it nets more at the step's rate."""
         ctl = self.ctl
-        look, mod = ctl.acceptance(lookup_key(match)), ctl.acceptance(self.msource)
+        look, mod = ctl.acceptance(copy.source), ctl.acceptance(self.msource)
 
         def run(n_max: int, first: float, rest: float, per: float) -> tuple[int, float]:
             p, n, net = p_all, 0, 0.0
@@ -157,9 +155,9 @@ class AdaptiveDrafter(Drafter):
                 n += 1
             return n, net
 
-        n, net = run(len(copy), look.alpha_first, look.alpha_rest, 0.0)
+        n, net = run(len(copy.tokens), look.alpha_first, look.alpha_rest, 0.0)
         if n and net >= run(room, mod.alpha_rest, mod.alpha_rest, ctl.cost.draft_token)[1]:
-            return copy[:n]
+            return copy.tokens[:n]
         return []
 
     def observe(self, draft: Draft, n_accepted: int, emitted: list[int], t_draft: float, t_verify: float) -> None:

@@ -11,10 +11,10 @@ brought, were its drafts good, has mounted up to what the probe costs (a rent-or
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from specli.speculate.drafters import NONE, Source
+from specli.speculate.drafters import AMBIGUOUS, LOOKUP, NONE, Source
 from specli.speculate.settings import DEFAULTS
 
 # a drafter that is off is probed as if its drafts were this good (were they, would it pay?)
@@ -24,6 +24,7 @@ PROBE_PRICE_MAX = 16.0  # ...doubling after each probe that fails, up to this
 CAUTION = 0.5  # standard deviations off a lookup bucket's first-token acceptance (see cautious_first)
 AMORTISE = 16  # a draft model's first catch-up (the prompt) is priced as spread over this many steps
 RECENT = 0.9  # decay, per step, of the rate achieved lately
+SHARED_REST = 10.0  # trials' worth a shared continuation rate weighs in a lookup bucket's (see Acceptance)
 
 
 def expected_accepted(alpha: float, k: int, first: float | None = None) -> float:
@@ -123,16 +124,21 @@ class Acceptance:
     """Online estimate of a drafter's acceptance: the chance its first token is accepted, and
     the chance each later token is, given the ones before it were (a copy that starts right
     tends to stay right). Beta-style counts with exponential forgetting, so a drop shows within
-    a few steps."""
+    a few steps. With ``rest_from``, the later tokens are learned there too, and that shared
+    estimate stands in for the prior of this one's (``SHARED_REST`` trials' worth): the lookup
+    buckets share one, since whether a copy, once started, goes on is mostly one habit of the
+    answer, and a bucket alone sees too few trials to learn it before the answer ends; a
+    bucket whose copies go on longer (or less) than the others' still learns so."""
 
     first: float = 0.5  # prior acceptance of the first drafted token
     rest: float = 0.5  # prior acceptance of each later one
     weight: float = 2.0  # prior strength in trials
     decay: float = 0.92
+    rest_from: "Acceptance | None" = None
 
     def __post_init__(self):
         self.f_ok, self.f_n = self.first * self.weight, self.weight
-        self.r_ok, self.r_n = self.rest * self.weight, self.weight
+        self.r_ok, self.r_n = (self.rest * self.weight, self.weight) if self.rest_from is None else (0.0, 0.0)
 
     @property
     def alpha_first(self) -> float:
@@ -140,7 +146,9 @@ class Acceptance:
 
     @property
     def alpha_rest(self) -> float:
-        return self.r_ok / self.r_n
+        if self.rest_from is None:
+            return self.r_ok / self.r_n
+        return (self.r_ok + SHARED_REST * self.rest_from.alpha_rest) / (self.r_n + SHARED_REST)
 
     @property
     def alpha(self) -> float:
@@ -159,6 +167,8 @@ class Acceptance:
 
     def _trial(self, first: bool, ok: bool) -> None:
         d = self.decay
+        if not first and self.rest_from is not None:
+            self.rest_from._trial(False, ok)
         if first:
             self.f_ok, self.f_n = self.f_ok * d + ok, self.f_n * d + 1.0
         else:
@@ -171,28 +181,16 @@ class Acceptance:
             self._trial(i == 0, i < n_accepted)
 
 
-LOOKUP_BUCKETS = (2, 4, 8, 16)
-
-
-def lookup_key(match_len: int) -> Source:
-    """Lookup acceptance is learned apart by how long the context has matched its source
-    (2-3, 4-7, 8-15, 16+ tokens): a long match means the answer is copying that source, and
-    the copy tends to go on. On the grounded suite's answers the next token follows a 2-3
-    token match 67% of the time, a longer one 84-92%, and each later token of a 16+ match
-    95% (vs 84-87%), so long matches earn long drafts."""
-    b = max((e for e in LOOKUP_BUCKETS if match_len >= e), default=0)
-    return Source("lookup", b)
-
-
 def prior(source: Source) -> Acceptance:
     """Lookup starts pessimistic: it is scored for free on every step it has a match (shadow
     accounting), so on text that repeats its input it proves itself within a few tokens; on
-    text that does not, it never costs a verify pass. A draft model is learned only from its
-    own drafts, which cost: it starts where a same-family draft usually is (a first token
-    right 70 % of the time) and forgets more slowly (how well it agrees with its target moves
-    less abruptly than whether the text is being copied)."""
+    text that does not, it never costs a verify pass; an ambiguous match (``AMBIGUOUS``)
+    starts lower still. A draft model is learned only from its own drafts, which cost: it
+    starts where a same-family draft usually is (a first token right 70 % of the time) and
+    forgets more slowly (how well it agrees with its target moves less abruptly than whether
+    the text is being copied)."""
     if source.kind == "lookup":
-        return Acceptance(first=0.4, rest=0.8)
+        return Acceptance(first=0.2 if source.bucket == AMBIGUOUS else 0.4, rest=0.8)
     return Acceptance(first=0.7, rest=0.8, decay=0.97)
 
 
@@ -222,10 +220,13 @@ class Controller:
         self.probe_now = self.probe_len  # the next probe's length
         self.probing = False
         self.done = [0.0, 0.0]  # recent tokens and seconds, decayed: the rate achieved lately
+        self.copies = prior(LOOKUP)  # how often a copy that started right goes on (all lookup buckets)
 
     def acceptance(self, source: Source) -> Acceptance:
         if source not in self.sources:
-            self.sources[source] = prior(source)
+            a = prior(source)
+            # every match bucket's continuation rate starts from (and teaches) the one of all copies
+            self.sources[source] = replace(a, rest_from=self.copies) if source.kind == "lookup" else a
         return self.sources[source]
 
     def batch_ratio(self, n: int) -> float:

@@ -11,7 +11,9 @@ class NgramIndex:
     """Incremental index of n-grams (n in [n_min, n_max]) over a growing token list.
 
     ``index[ngram]`` is the end position of the latest occurrence that has at least one
-    token after it, so a lookup never matches the context's own suffix.
+    token after it, so a lookup never matches the context's own suffix. ``ambiguous`` holds
+    the n-grams the context has gone on from in more than one way (in code, ``"):\n    "``
+    is followed by anything): a copy from one of them is a guess between continuations.
     """
 
     def __init__(self, n_min: int = 1, n_max: int = 4):
@@ -20,33 +22,44 @@ class NgramIndex:
         self.n_min, self.n_max = n_min, n_max
         self.tokens: list[int] = []
         self.index: dict[tuple[int, ...], int] = {}
+        self.ambiguous: set[tuple[int, ...]] = set()
+        self.last_ambiguous = False  # was the last match found by :meth:`find` ambiguous
 
     def extend(self, new: Sequence[int]) -> None:
         for t in new:
             e = len(self.tokens)  # n-grams ending at e now have a continuation (t)
             toks = self.tokens
+            t = int(t)
             for n in range(self.n_min, min(self.n_max, e) + 1):
-                self.index[tuple(toks[e - n:e])] = e
-            toks.append(int(t))
+                g = tuple(toks[e - n:e])
+                seen = self.index.get(g)
+                if seen is not None and toks[seen] != t:
+                    self.ambiguous.add(g)
+                self.index[g] = e
+            toks.append(t)
 
     def truncate(self, length: int) -> None:
         """Forget tokens past ``length`` (rare: the loop only appends accepted tokens)."""
         if length < len(self.tokens):
             keep = self.tokens[:length]
-            self.tokens, self.index = [], {}
+            self.tokens, self.index, self.ambiguous = [], {}, set()
             self.extend(keep)
 
     def find(self, max_draft: int, extend_to: int = 0, tail: Sequence[int] | None = None) -> tuple[list[int], int]:
         """(drafted tokens, length of the match); ([], 0) when nothing matches. The match is
         the longest indexed n-gram ending the context (or ``tail``, a stand-in for the
         context's last tokens); with ``extend_to`` > n_max it is followed further back, up to
-        that many tokens (how long the context has been copying this source)."""
+        that many tokens (how long the context has been copying this source). Sets
+        ``last_ambiguous``: whether the matched n-gram is :attr:`ambiguous`."""
         toks = self.tokens
         q = toks if tail is None else list(tail)
         L = len(q)
+        self.last_ambiguous = False
         for n in range(min(self.n_max, L), self.n_min - 1, -1):
-            e = self.index.get(tuple(q[L - n:]))
+            g = tuple(q[L - n:])
+            e = self.index.get(g)
             if e is not None:
+                self.last_ambiguous = g in self.ambiguous
                 if n == self.n_max:
                     while n < extend_to and n < e and n < L and toks[e - 1 - n] == q[L - 1 - n]:
                         n += 1
