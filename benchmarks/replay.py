@@ -8,7 +8,10 @@ Policies: specli's adaptive controller (the shipped code, built as every command
 over prompt lookup, the draft model, and both; every fixed draft length k = 1..draft_max of
 each; llama.cpp's defaults (draft-simple, ngram-simple, ngram-mod). Cost models: this
 machine's calibrated curve, curves from files (``benchmarks/cost_curve.py --out`` on any
-machine), and GPU-like ones (verify(k) = 1 + c·k, a draft pass r target tokens).
+machine), and GPU-like ones (verify(k) = 1 + c·k, a draft pass r target tokens). On every
+measured curve it also fits, knowing the answers, the best lookup rule that sees of a match
+what the controller sees (``best_table_rule``): how much of the bound a policy deciding from
+the match alone could take on grounded.
 
     python benchmarks/replay.py [--suites grounded,code,...] [--costs FILE ...] [--no-measured]
                                 [--traces DIR] [--out docs/replay.md]
