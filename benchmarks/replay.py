@@ -37,7 +37,7 @@ from specli.measure.suite import BUILTIN_SUITES, load_suite  # noqa: E402
 from specli.prompt import prompt_tokens  # noqa: E402
 from specli.resolve import models  # noqa: E402
 from specli.speculate.adaptive import lookup_drafter  # noqa: E402
-from specli.speculate.drafters import AMBIGUOUS, Draft, Drafter  # noqa: E402
+from specli.speculate.drafters import AMBIGUOUS, RESYNC, Draft, Drafter  # noqa: E402
 from specli.speculate.settings import DEFAULTS  # noqa: E402
 
 GRID_C = (0.01, 0.02, 0.05, 0.1, 0.2)
@@ -134,12 +134,16 @@ def evaluate(traces: list[rp.Trace], looks: list[list[int]], policies: list[Poli
 MATCH_BANDS = (2, 3, 4, 6, 8, 12, 16, 24)  # match lengths a TableRule tells apart
 
 
-class TableRule(Drafter):
-    """Prompt lookup drafting ``table[(band, ambiguous)]`` tokens from a match whose length
-    falls in that band (``MATCH_BANDS``) and whose n-gram is, or is not, ambiguous: the family
-    of rules that see of a match what specli's controller sees, to be tuned in hindsight."""
+KINDS = {AMBIGUOUS: "ambiguous", RESYNC: "picked up again"}  # the kinds of match a TableRule tells apart
 
-    def __init__(self, table: dict[tuple[int, bool], int]):
+
+class TableRule(Drafter):
+    """Prompt lookup drafting ``table[(band, kind)]`` tokens from a match whose length falls
+    in that band (``MATCH_BANDS``) and whose kind is ``KINDS``' or an ordinary one (""): the
+    family of rules that see of a match what specli's controller sees, to be tuned in
+    hindsight."""
+
+    def __init__(self, table: dict[tuple[int, str], int]):
         self.lookup, self.table = lookup_drafter(DEFAULTS), table
 
     def propose(self, context, max_len):
@@ -147,7 +151,7 @@ class TableRule(Drafter):
         if not d.tokens:
             return d
         band = max(i for i, e in enumerate(MATCH_BANDS) if d.confidence[0] >= e)
-        k = self.table[(band, d.source.bucket == AMBIGUOUS)]
+        k = self.table[(band, KINDS.get(d.source.bucket, ""))]
         return Draft(d.tokens[:k], d.source, d.confidence[:k])
 
 
@@ -162,7 +166,7 @@ def best_table_rule(traces: list[rp.Trace], costs: rp.Costs, rounds: int = 3) ->
         return plain / sum(rp.replay(t, TableRule(table), costs, DEFAULTS.draft_max, rp.Clock()).cost
                            for t in traces)
 
-    table = {(b, amb): 3 for b in range(len(MATCH_BANDS)) for amb in (False, True)}
+    table = {(b, kind): 3 for b in range(len(MATCH_BANDS)) for kind in ("", *KINDS.values())}
     best = speed(table)
     for _ in range(rounds):
         for cell in table:
@@ -176,11 +180,12 @@ def best_table_rule(traces: list[rp.Trace], costs: rp.Costs, rounds: int = 3) ->
     return best, table
 
 
-def table_text(table: dict[tuple[int, bool], int]) -> str:
+def table_text(table: dict[tuple[int, str], int]) -> str:
     bands = [f"{e}+" if i == len(MATCH_BANDS) - 1 else f"{e}" if MATCH_BANDS[i + 1] == e + 1
              else f"{e}-{MATCH_BANDS[i + 1] - 1}" for i, e in enumerate(MATCH_BANDS)]
-    return (", ".join(f"{bands[b]}: {table[(b, False)]}" for b in range(len(MATCH_BANDS)))
-            + "; ambiguous " + ", ".join(f"{bands[b]}: {table[(b, True)]}" for b in range(len(MATCH_BANDS))))
+    return "; ".join((kind or "ordinary") + " " + ", ".join(f"{bands[b]}: {table[(b, kind)]}"
+                                                            for b in range(len(MATCH_BANDS)))
+                     for kind in ("", *KINDS.values()))
 
 
 def best_fixed(sp: dict) -> tuple[str, float]:
@@ -235,9 +240,9 @@ def checks(all_res: list[tuple[rp.Costs, dict]], rules: dict[str, tuple[float, d
         rule = rules.get(costs.name)
         if rule and g:
             out.append(f"- {costs.name}: the best lookup rule that sees of a match only what the controller sees "
-                       f"(its length, whether it is ambiguous), chosen knowing the answers: {rule[0]:.2f}× on grounded, "
+                       f"(its length, its kind), chosen knowing the answers: {rule[0]:.2f}× on grounded, "
                        f"{100 * gain_share(rule[0], g['bound lookup']):.0f}% of the lookup bound's gain (tokens drafted "
-                       f"by match length: {table_text(rule[1])})")
+                       f"by kind and match length: {table_text(rule[1])})")
         worst = min(res, key=lambda s: res[s][HEADLINE])
         fx, ll = against(res)
         wf, wl = min(fx, key=fx.get), min(ll, key=ll.get)

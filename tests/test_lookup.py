@@ -1,4 +1,4 @@
-from specli.speculate.drafters import AMBIGUOUS, LookupDrafter, Source, lookup_key
+from specli.speculate.drafters import AMBIGUOUS, RESYNC, LookupDrafter, Source, lookup_key
 from specli.speculate.lookup import NgramIndex, Substitutions, lookup_draft
 
 
@@ -57,6 +57,35 @@ def test_lookup_drafts_from_an_ambiguous_match_under_their_own_key():
     assert d.tokens == [5, 1, 2] and d.source == lookup_key(4) == Source("lookup", 4)
     d = LookupDrafter(n_max=4).propose(prompt + [8, 3, 4], 3)
     assert d.tokens == [5, 1, 2] and d.source == Source("lookup", 2)
+
+
+def test_a_copy_is_picked_up_again_past_an_edit():
+    src = list(range(100, 140))
+    prompt = [1, 2] + src + [3]
+    d = LookupDrafter()
+    # the answer copies 12 tokens, then inserts a word of its own (7), then goes on copying
+    answer = src[:12] + [7]
+    assert d.propose(prompt + src[:12], 4).tokens == src[12:16]  # the copy, before the edit
+    assert d.propose(prompt + answer, 4).tokens == []  # the edit: nothing matches
+    d2 = d.propose(prompt + answer + [src[12]], 4)  # back in the source: one token is enough
+    assert d2.tokens == src[13:17] and d2.source == Source("lookup", RESYNC) and d2.confidence[0] == 12
+    assert str(d2.source) == "lookup:resync" and str(lookup_key(5, ambiguous=True)) == "lookup:ambiguous"
+    # a replaced word, then the copy: picked up past it
+    d3 = d.propose(prompt + answer + src[12:20] + [8, src[21]], 4)
+    assert d3.tokens == src[22:26] and d3.source.bucket == RESYNC
+    # a dropped stretch of the source (up to RESYNC_WINDOW tokens) is skipped too
+    d4 = d.propose(prompt + answer + src[12:20] + [8, src[21]] + src[22:26] + [src[29]], 4)
+    assert d4.tokens == src[30:34] and d4.source.bucket == RESYNC
+    # but a copy that had held for fewer than RESYNC_HELD tokens is not picked up again
+    short = LookupDrafter()
+    short.propose(prompt + src[:2], 4)
+    short.propose(prompt + src[:2] + [7], 4)
+    assert short.propose(prompt + src[:2] + [7, src[2]], 4).tokens == []
+    # nor a token further on than RESYNC_WINDOW
+    far = LookupDrafter()
+    far.propose(prompt + src[:12], 4)
+    far.propose(prompt + src[:12] + [7], 4)
+    assert far.propose(prompt + src[:12] + [7, src[12 + LookupDrafter.RESYNC_WINDOW]], 4).tokens == []
 
 
 def _copy_with(answer, prompt, drafter):

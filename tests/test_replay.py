@@ -25,8 +25,7 @@ from specli.measure.replay import (
     save_traces,
 )
 from specli.speculate.adaptive import adaptive_drafter, lookup_drafter
-from specli.speculate.drafters import lookup_key
-from specli.speculate.drafters import MODEL, Draft, Drafter, ModelDrafter
+from specli.speculate.drafters import MODEL, Draft, Drafter, LookupDrafter, ModelDrafter, lookup_key
 from specli.speculate.loop import generate
 from specli.speculate.settings import DEFAULTS
 from specli.speculate.verify import SamplingParams
@@ -248,12 +247,21 @@ def _lookup_costs(n_edits: int) -> tuple[float, float, float, list[int]]:
 
 def test_adaptive_lookup_gains_on_copies_and_stays_near_plain_on_heavy_edits():
     adaptive, fixed16, plain, lengths = _lookup_costs(10)
-    # long copies: it drafts long, within 1% of always drafting 16 (its first token after
-    # each edit is judged with caution)
-    assert plain / adaptive > 1.3 and adaptive <= 1.01 * fixed16
+    # long copies: it drafts long, within 4% of always drafting 16 (3.6% today: at the start,
+    # and right after each edit, where the copy is picked up again, it is cautious until
+    # those copies have proved themselves; always drafting 16 is right every time here)
+    assert plain / adaptive > 1.3 and adaptive <= 1.04 * fixed16
     assert sum(k for k in lengths if k >= 8) > 0.6 * sum(lengths)  # most drafted tokens in long drafts
     adaptive, fixed16, plain, _ = _lookup_costs(150)
     assert adaptive <= 1.01 * plain and fixed16 > 1.5 * plain  # an edit every ~3 tokens: drafts little
+
+
+def test_picking_a_copy_up_again_past_an_edit_pays(monkeypatch):
+    with_resync = _lookup_costs(10)
+    monkeypatch.setattr(LookupDrafter, "RESYNC_HELD", 10 ** 9)  # never picked up again
+    without = _lookup_costs(10)
+    assert with_resync[0] < 0.995 * without[0]  # the adaptive policy
+    assert with_resync[1] < 0.95 * without[1]  # always drafting 16
 
 
 def test_a_model_draft_that_runs_into_a_copy_hands_over_to_lookup():

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from specli.speculate.drafters import AMBIGUOUS, LOOKUP, NONE, Source
+from specli.speculate.drafters import AMBIGUOUS, LOOKUP, NONE, RESYNC, Source
 from specli.speculate.settings import DEFAULTS
 
 # a drafter that is off is probed as if its drafts were this good (were they, would it pay?)
@@ -185,12 +185,13 @@ def prior(source: Source) -> Acceptance:
     """Lookup starts pessimistic: it is scored for free on every step it has a match (shadow
     accounting), so on text that repeats its input it proves itself within a few tokens; on
     text that does not, it never costs a verify pass; an ambiguous match (``AMBIGUOUS``)
-    starts lower still. A draft model is learned only from its own drafts, which cost: it
+    and a copy picked up again past an edit (``RESYNC``) start lower still. A draft model is learned only from its own drafts, which cost: it
     starts where a same-family draft usually is (a first token right 70 % of the time) and
     forgets more slowly (how well it agrees with its target moves less abruptly than whether
     the text is being copied)."""
     if source.kind == "lookup":
-        return Acceptance(first=0.2 if source.bucket == AMBIGUOUS else 0.4, rest=0.8)
+        first = {AMBIGUOUS: 0.2, RESYNC: 0.3}.get(source.bucket, 0.4)
+        return Acceptance(first=first, rest=0.8)
     return Acceptance(first=0.7, rest=0.8, decay=0.97)
 
 

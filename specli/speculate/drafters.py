@@ -34,13 +34,15 @@ class Source:
         return self.kind in ("none", "lookup")
 
     def __str__(self) -> str:
-        return f"{self.kind}:{self.bucket}" if self.bucket else self.kind
+        return f"{self.kind}:{BUCKET_NAMES.get(self.bucket, self.bucket)}" if self.bucket else self.kind
 
 
 NONE, LOOKUP, MODEL, MTP = Source("none"), Source("lookup"), Source("model"), Source("mtp")
 
-LOOKUP_BUCKETS = (2, 4, 8, 16)
-AMBIGUOUS = 1  # the bucket of a match the context has gone on from in more than one way
+LOOKUP_BUCKETS = (2, 4, 8, 16)  # match lengths; the buckets below 0 are kinds of match, not lengths
+AMBIGUOUS = -1  # a match the context has gone on from in more than one way
+RESYNC = -2  # a copy picked up again just past where the last one broke (see LookupDrafter)
+BUCKET_NAMES = {AMBIGUOUS: "ambiguous", RESYNC: "resync"}
 
 
 def lookup_key(match_len: int, ambiguous: bool = False) -> Source:
@@ -134,34 +136,76 @@ class LookupDrafter(Drafter):
     """Prompt lookup: copy what followed the latest earlier occurrence of the context's last
     n tokens, longest n first, with the token substitutions the answer has been making to what
     it copies (``substitute``). A draft's confidence is the match length, followed back up to
-    ``MATCH_CAP`` tokens; its source, the match's :func:`lookup_key`."""
+    ``MATCH_CAP`` tokens; its source, the match's :func:`lookup_key`.
+
+    With no such match, it picks up the copy it was making before (``RESYNC``): it keeps a
+    cursor in the source, where the context stopped following the last copy. When that copy
+    had held for ``RESYNC_HELD`` tokens or more and the context's last token is one of the
+    ``RESYNC_WINDOW`` source tokens from the cursor on, the answer has come back to the source
+    past an edit (a word inserted, replaced or dropped) and the copy goes on from there. A
+    2-token match could not see it yet: the token before is the edit. On the grounded suite's
+    answers 13 of 15 such copies start right; over the other eight suites, 16 of 47."""
 
     name = "lookup"
     MATCH_CAP = 32
+    RESYNC_HELD = 4
+    RESYNC_WINDOW = 8
 
     def __init__(self, n_min: int = DEFAULTS.lookup_ngram[0], n_max: int = DEFAULTS.lookup_ngram[1],
                  min_match: int = DEFAULTS.lookup_min_match, substitute: bool = True):
         self.index = NgramIndex(n_min, n_max)
         self.min_match = min_match
         self.subs = Substitutions() if substitute else None
+        self.cursor: int | None = None  # in the source of the last copy: where the context left it
+        self.held = 0  # how long that copy had matched when the context left it
+        self._copying: tuple[int, int, int] | None = None  # the last copy: (context length, source position, match)
 
     def propose(self, context: Sequence[int], max_len: int) -> Draft:
         idx = self.index
         if len(idx.tokens) > len(context) or idx.tokens != list(context[:len(idx.tokens)]):
             idx.truncate(0)
+            self.cursor, self.held, self._copying = None, 0, None
             if self.subs:
                 self.subs.reset()
         if self.subs:
             self.subs.learn(context)
         idx.extend(context[len(idx.tokens):])
+        self._follow(context)
         toks, n = idx.find(max_len, self.MATCH_CAP)
         if n < self.min_match and self.subs and self.subs.map:  # a copy that substituted goes on
             toks, n = idx.find(max_len, self.MATCH_CAP, self.subs.undo(context[-self.MATCH_CAP:]))
-        if n < self.min_match or max_len <= 0:
+        if max_len <= 0:
             return Draft([], LOOKUP)
+        if n < self.min_match:
+            return self._resync(context, max_len)
+        self._copying = (len(context), idx.last_source, n)
         if self.subs:
             toks = self.subs.apply(len(context), toks)
         return Draft(toks, lookup_key(n, idx.last_ambiguous), [float(n)] * len(toks))
+
+    def _follow(self, context: Sequence[int]) -> None:
+        """Move the cursor along the last copy as far as the context followed it."""
+        if self._copying is None:
+            return
+        at, src, matched = self._copying
+        toks, j = self.index.tokens, 0
+        while at + j < len(context) and src + j < at and toks[src + j] == context[at + j]:
+            j += 1
+        self.cursor, self.held, self._copying = src + j, matched + j, None
+
+    def _resync(self, context: Sequence[int], max_len: int) -> Draft:
+        """The copy picked up again past an edit, or nothing (see the class). Its confidence
+        is how long the copy had held before the edit."""
+        toks = self.index.tokens
+        if self.cursor is None or self.held < self.RESYNC_HELD:
+            return Draft([], LOOKUP)
+        last = len(toks) - 1
+        for j in range(self.cursor, min(self.cursor + self.RESYNC_WINDOW, last)):
+            if toks[j] == toks[last]:
+                self._copying = (len(context), j + 1, 1)
+                out = toks[j + 1:j + 1 + max_len]
+                return Draft(out, Source("lookup", RESYNC), [float(self.held)] * len(out))
+        return Draft([], LOOKUP)
 
     def continuation(self, context: Sequence[int], drafted: Sequence[int], max_len: int,
                      min_match: int) -> Draft:

@@ -24,6 +24,7 @@ class NgramIndex:
         self.index: dict[tuple[int, ...], int] = {}
         self.ambiguous: set[tuple[int, ...]] = set()
         self.last_ambiguous = False  # was the last match found by :meth:`find` ambiguous
+        self.last_source = -1  # where the tokens the last match proposed start in ``tokens``
 
     def extend(self, new: Sequence[int]) -> None:
         for t in new:
@@ -50,7 +51,8 @@ class NgramIndex:
         the longest indexed n-gram ending the context (or ``tail``, a stand-in for the
         context's last tokens); with ``extend_to`` > n_max it is followed further back, up to
         that many tokens (how long the context has been copying this source). Sets
-        ``last_ambiguous``: whether the matched n-gram is :attr:`ambiguous`."""
+        ``last_ambiguous`` (whether the matched n-gram is :attr:`ambiguous`) and ``last_source``
+        (where the proposed tokens start)."""
         toks = self.tokens
         q = toks if tail is None else list(tail)
         L = len(q)
@@ -59,7 +61,7 @@ class NgramIndex:
             g = tuple(q[L - n:])
             e = self.index.get(g)
             if e is not None:
-                self.last_ambiguous = g in self.ambiguous
+                self.last_ambiguous, self.last_source = g in self.ambiguous, e
                 if n == self.n_max:
                     while n < extend_to and n < e and n < L and toks[e - 1 - n] == q[L - 1 - n]:
                         n += 1
