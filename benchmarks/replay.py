@@ -37,7 +37,7 @@ from specli.measure.suite import BUILTIN_SUITES, load_suite  # noqa: E402
 from specli.prompt import prompt_tokens  # noqa: E402
 from specli.resolve import models  # noqa: E402
 from specli.speculate.adaptive import lookup_drafter  # noqa: E402
-from specli.speculate.drafters import AMBIGUOUS, RESYNC, Draft, Drafter  # noqa: E402
+from specli.speculate.drafters import BUCKET_NAMES, Draft, Drafter  # noqa: E402
 from specli.speculate.settings import DEFAULTS  # noqa: E402
 
 GRID_C = (0.01, 0.02, 0.05, 0.1, 0.2)
@@ -134,14 +134,11 @@ def evaluate(traces: list[rp.Trace], looks: list[list[int]], policies: list[Poli
 MATCH_BANDS = (2, 3, 4, 6, 8, 12, 16, 24)  # match lengths a TableRule tells apart
 
 
-KINDS = {AMBIGUOUS: "ambiguous", RESYNC: "picked up again"}  # the kinds of match a TableRule tells apart
-
-
 class TableRule(Drafter):
     """Prompt lookup drafting ``table[(band, kind)]`` tokens from a match whose length falls
-    in that band (``MATCH_BANDS``) and whose kind is ``KINDS``' or an ordinary one (""): the
-    family of rules that see of a match what specli's controller sees, to be tuned in
-    hindsight."""
+    in that band (``MATCH_BANDS``) and whose kind is a special lookup bucket's name
+    (``BUCKET_NAMES``) or an ordinary one (""): the family of rules that see of a match what
+    specli's controller sees, to be tuned in hindsight."""
 
     def __init__(self, table: dict[tuple[int, str], int]):
         self.lookup, self.table = lookup_drafter(DEFAULTS), table
@@ -151,7 +148,7 @@ class TableRule(Drafter):
         if not d.tokens:
             return d
         band = max(i for i, e in enumerate(MATCH_BANDS) if d.confidence[0] >= e)
-        k = self.table[(band, KINDS.get(d.source.bucket, ""))]
+        k = self.table[(band, BUCKET_NAMES.get(d.source.bucket, ""))]
         return Draft(d.tokens[:k], d.source, d.confidence[:k])
 
 
@@ -166,7 +163,7 @@ def best_table_rule(traces: list[rp.Trace], costs: rp.Costs, rounds: int = 3) ->
         return plain / sum(rp.replay(t, TableRule(table), costs, DEFAULTS.draft_max, rp.Clock()).cost
                            for t in traces)
 
-    table = {(b, kind): 3 for b in range(len(MATCH_BANDS)) for kind in ("", *KINDS.values())}
+    table = {(b, kind): 3 for b in range(len(MATCH_BANDS)) for kind in ("", *BUCKET_NAMES.values())}
     best = speed(table)
     for _ in range(rounds):
         for cell in table:
@@ -185,7 +182,7 @@ def table_text(table: dict[tuple[int, str], int]) -> str:
              else f"{e}-{MATCH_BANDS[i + 1] - 1}" for i, e in enumerate(MATCH_BANDS)]
     return "; ".join((kind or "ordinary") + " " + ", ".join(f"{bands[b]}: {table[(b, kind)]}"
                                                             for b in range(len(MATCH_BANDS)))
-                     for kind in ("", *KINDS.values()))
+                     for kind in ("", *BUCKET_NAMES.values()))
 
 
 def best_fixed(sp: dict) -> tuple[str, float]:
@@ -253,8 +250,9 @@ def checks(all_res: list[tuple[rp.Costs, dict]], rules: dict[str, tuple[float, d
     gpu = [(c, r) for c, r in all_res if c.name.startswith("verify 1+")]
     if gpu:
         cells = sum(len(r) for _, r in gpu)
-        under = sorted((x, c.name, s) for c, r in gpu for s, x in against(r)[0].items() if x < 0.9)
-        lose = [(c.name, s) for c, r in gpu for s, x in against(r)[1].items() if x <= 1]
+        ratios = [(c.name, *against(r)) for c, r in gpu]
+        under = sorted((x, name, s) for name, fx, _ in ratios for s, x in fx.items() if x < 0.9)
+        lose = [(name, s) for name, _, ll in ratios for s, x in ll.items() if x <= 1]
         out.append(f"- GPU-like curves: cells under 0.90 of the best fixed k in hindsight: {len(under)} of {cells}"
                    + "".join(f"; {x:.3f} ({c}, {s})" for x, c, s in under) + f" (target 0): {'met' if not under else 'NOT met'}")
         out.append(f"- GPU-like curves: cells where a llama.cpp default matches or beats specli: {len(lose)} of {cells}"

@@ -181,7 +181,11 @@ class LookupDrafter(Drafter):
         self._copying = (len(context), idx.last_source, n)
         if self.subs:
             toks = self.subs.apply(len(context), toks)
-        return Draft(toks, lookup_key(n, idx.last_ambiguous), [float(n)] * len(toks))
+        return self._match_draft(toks, n)
+
+    def _match_draft(self, toks: list[int], n: int) -> Draft:
+        """A draft of ``toks`` from the index's last match, ``n`` tokens long."""
+        return Draft(toks, lookup_key(n, self.index.last_ambiguous), [float(n)] * len(toks))
 
     def _follow(self, context: Sequence[int]) -> None:
         """Move the cursor along the last copy as far as the context followed it."""
@@ -217,7 +221,7 @@ class LookupDrafter(Drafter):
         toks, n = self.index.find(max_len, self.MATCH_CAP, tail)
         if n < min_match or max_len <= 0:
             return Draft([], LOOKUP)
-        return Draft(toks, lookup_key(n, self.index.last_ambiguous), [float(n)] * len(toks))
+        return self._match_draft(toks, n)
 
 
 class ModelDrafter(Drafter):
