@@ -11,6 +11,13 @@ The first gap is the choice of source, the second the choice of length. "specli'
 not a strict bound: renames are learned from the proposals a drafter makes, and this one makes
 one at every position.
 
+Then where the second gap goes, step by step of the replayed controller, against how far
+specli's copy from the same position holds: **cut short** (a draft that passed whole while
+the copy went on: the tokens left to later steps), **not drafted** (a plain step where the copy
+would have held), **past the break** (a draft that went on after the copy broke: the verify
+cost of the tokens after it), **failed** (a draft whose first token failed: its extra verify
+cost). Costs are in target tokens.
+
     python benchmarks/lookup_gap.py [--report docs/replay.json] [--traces benchmarks/gpu/cache/traces]
                                     [--suites grounded,rag]
 
@@ -42,6 +49,29 @@ def copies_agreement(trace: rp.Trace, k_max: int) -> list[int]:
     return agree
 
 
+def where_lost(run: rp.Run, own: list[int], verify) -> dict[str, float]:
+    """A replayed run's steps sorted against ``own`` (how far the copy from each position
+    holds): see the module's docstring."""
+    out = dict.fromkeys(("cut short", "cut short tokens", "not drafted", "not drafted tokens",
+                         "past the break", "past the break cost", "failed", "failed cost"), 0.0)
+    i = 1
+    for k, a in zip(run.lengths, run.accepted_at):
+        if k == 0 and own[i]:
+            out["not drafted"] += 1
+            out["not drafted tokens"] += own[i]
+        elif k and a == 0:
+            out["failed"] += 1
+            out["failed cost"] += verify[k] - verify[0]
+        elif k and a == k and own[i] > k:
+            out["cut short"] += 1
+            out["cut short tokens"] += own[i] - k
+        elif k > a:
+            out["past the break"] += 1
+            out["past the break cost"] += verify[k] - verify[a]
+        i += a + 1
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--report", default="docs/replay.json")
@@ -56,13 +86,18 @@ def main() -> None:
     for suite in a.suites.split(","):
         traces = rp.load_traces(Path(a.traces) / f"{suite}.json") or []
         plain = anyc = own = run = 0.0
+        lost: dict[str, float] = {}
         for t in traces:
             n = len(t.out)
             plain += t.plain_cost
+            agree = copies_agreement(t, k)
             anyc += rp.bound(n, [(rp.lookup_agreement(t.prompt, t.out, k), 0.0, 0.0)], costs.verify, k)
-            own += rp.bound(n, [(copies_agreement(t, k), 0.0, 0.0)], costs.verify, k)
+            own += rp.bound(n, [(agree, 0.0, 0.0)], costs.verify, k)
             clock = rp.Clock()
-            run += rp.replay(t, policy.make(t, costs, clock), costs, policy.draft_max, clock).cost
+            r = rp.replay(t, policy.make(t, costs, clock), costs, policy.draft_max, clock)
+            run += r.cost
+            for key, v in where_lost(r, agree, costs.verify).items():
+                lost[key] = lost.get(key, 0.0) + v
         if not traces:
             print(f"{suite}: no traces in {a.traces}")
             continue
@@ -70,6 +105,10 @@ def main() -> None:
         print(f"{suite}: any copy {b_any:.2f}×, specli's copies {b_own:.2f}×, specli lookup {got:.2f}× "
               f"({100 * (got - 1) / (b_any - 1):.0f}% of the first bound's gain, "
               f"{100 * (got - 1) / (b_own - 1):.0f}% of the second's)")
+        print(f"  steps of specli lookup: cut short {lost['cut short']:.0f} ({lost['cut short tokens']:.0f} tokens "
+              f"left), not drafted {lost['not drafted']:.0f} ({lost['not drafted tokens']:.0f} tokens the copy "
+              f"held), past the break {lost['past the break']:.0f} (cost {lost['past the break cost']:.1f}), "
+              f"failed {lost['failed']:.0f} (cost {lost['failed cost']:.1f})")
 
 
 if __name__ == "__main__":

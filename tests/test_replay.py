@@ -14,6 +14,7 @@ from specli.measure.replay import (
     Clock,
     Costs,
     ModelTrace,
+    Run,
     Trace,
     TraceModel,
     bound,
@@ -308,3 +309,24 @@ def test_the_prompt_catch_up_is_not_learned_as_the_cost_of_a_draft_token():
     n = len(d.tokens)  # this model is right here
     drafter.observe(d, n, t.out[1:n + 2], clock.spent, costs.verify[n])
     assert drafter.ctl.cost.draft_token == pytest.approx(costs.draft)
+
+
+def test_lookup_gap_sorts_each_step_against_how_far_the_copy_held():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "lookup_gap.py"
+    spec = importlib.util.spec_from_file_location("lookup_gap", path)
+    gap = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gap)
+    verify = [1.0, 1.5, 2.0, 2.5, 3.0, 3.5]
+    # positions 1..: a plain step where a 4-token copy held; a 2-token draft passed whole, its
+    # copy held for 5; a 3-token draft kept 1; a 2-token draft failed at once; a plain step
+    # with nothing to copy
+    own = [0, 4, 5, 0, 0, 3, 0, 0, 0, 2, 0, 0, 0]
+    run = Run(lengths=[0, 2, 3, 2, 0], accepted_at=[0, 2, 1, 0, 0])
+    lost = gap.where_lost(run, own, verify)
+    assert lost["not drafted"] == 1 and lost["not drafted tokens"] == 4
+    assert lost["cut short"] == 1 and lost["cut short tokens"] == 3
+    assert lost["past the break"] == 1 and lost["past the break cost"] == pytest.approx(verify[3] - verify[1])
+    assert lost["failed"] == 1 and lost["failed cost"] == pytest.approx(verify[2] - verify[0])
