@@ -6,8 +6,9 @@ gain: with every draft accepted, a step yields k + 1 tokens for cost[k] token-ti
     python benchmarks/cost_curve.py [--target REF] [--draft REF] [--threads N] [--gpu-layers N]
                                     [--out curve.json]
 
-``--out`` writes the curve (seconds) and the draft model's cost per token as JSON, for
-``benchmarks/replay.py --costs FILE`` on any other machine.
+``--out`` writes the curve (seconds) and the draft model's cost per token (``--draft``, by
+default the 0.5B draft the replay's traces use) as JSON, for ``benchmarks/replay.py --costs
+FILE`` on any other machine.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--gpu-layers", type=int, default=0)
     ap.add_argument("--k-max", type=int, default=32)
-    ap.add_argument("--draft", help="also time one token of this draft model")
+    ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct-q4_k_m",
+                    help="time one token of this draft model too (the replay prices its passes by it)")
     ap.add_argument("--out", help="write the curve as JSON here")
     a = ap.parse_args()
     m = Model(models.resolve(a.target, progress=print), n_gpu_layers=a.gpu_layers)
@@ -43,13 +45,13 @@ def main() -> None:
         r = costs[k] / costs[0]
         print(f"| {k + 1} | {r:.2f} | {(k + 1) / r:.2f}× |")
     draft = None
-    if a.draft:
+    if a.draft:  # --draft "" skips it (the curve alone; the replay needs the draft's cost)
         dm = Model(models.resolve(a.draft, progress=print), n_gpu_layers=a.gpu_layers)
         draft = calibrate.draft_token_cost(Context(dm, ContextConfig(n_ctx=4096, n_threads=a.threads)), use_cache=False)
         print(f"draft {os.path.basename(dm.path)}: one token {draft * 1000:.1f} ms ({draft / costs[0]:.2f} of the target's)")
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"verify": costs, "draft_token": draft or 0.0, "model": os.path.basename(m.path),
+            json.dump({"verify": costs, "draft_token": draft, "model": os.path.basename(m.path),
                        "machine": f"{platform.machine()}, {ctx.threads} threads, {a.gpu_layers} GPU layers",
                        "system": system_info()}, f, indent=1)
         print(f"curve: {a.out}")

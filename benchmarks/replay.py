@@ -30,6 +30,7 @@ from collections import defaultdict
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from specli.engine import Context, ContextConfig, Model, system_info  # noqa: E402
+from specli.errors import SpecliError  # noqa: E402
 from specli.hardware import calibrate  # noqa: E402
 from specli.measure import replay as rp  # noqa: E402
 from specli.measure.policies import Policy, every_policy  # noqa: E402
@@ -331,4 +332,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except SpecliError as e:  # a bad cost-curve or trace file: one line, no traceback
+        sys.exit(f"replay: {e}")

@@ -330,3 +330,17 @@ def test_lookup_gap_sorts_each_step_against_how_far_the_copy_held():
     assert lost["cut short"] == 1 and lost["cut short tokens"] == 3
     assert lost["past the break"] == 1 and lost["past the break cost"] == pytest.approx(verify[3] - verify[1])
     assert lost["failed"] == 1 and lost["failed cost"] == pytest.approx(verify[2] - verify[0])
+
+
+def test_a_cost_curve_file_without_the_draft_cost_is_refused(tmp_path):
+    from specli.errors import SpecliError
+
+    good = tmp_path / "curve.json"
+    good.write_text('{"verify": [0.02, 0.03, 0.04], "draft_token": 0.005, "machine": "m"}')
+    c = Costs.from_file(str(good))
+    assert c.verify == pytest.approx((1.0, 1.5, 2.0)) and c.draft == pytest.approx(0.25) and c.name == "m"
+    for draft in ('"draft_token": null, ', '"draft_token": 0.0, ', ""):  # as cost_curve.py wrote it without --draft
+        bad = tmp_path / "bad.json"
+        bad.write_text('{"verify": [0.02, 0.03], ' + draft + '"machine": "m"}')
+        with pytest.raises(SpecliError, match="no draft model cost"):
+            Costs.from_file(str(bad))

@@ -202,11 +202,16 @@ class Costs:
     @classmethod
     def from_file(cls, path: str) -> "Costs":
         """A cost-curve file written by ``benchmarks/cost_curve.py --out`` on any machine:
-        {"verify": [seconds for k = 0..K], "draft_token": seconds, "machine": "..."}."""
+        {"verify": [seconds for k = 0..K], "draft_token": seconds, "machine": "..."}. A file
+        without the draft model's cost is refused: its passes would be replayed as free."""
         try:
             with open(path, encoding="utf-8") as f:
                 d = json.load(f)
-            return cls.measured(d.get("machine") or os.path.basename(path), d["verify"], d.get("draft_token", 0.0),
+            draft = d.get("draft_token")
+            if not draft or draft <= 0:
+                raise SpecliError(f"cost curve {path} has no draft model cost (draft_token); record it with "
+                                  "benchmarks/cost_curve.py --draft REF --out FILE")
+            return cls.measured(d.get("machine") or os.path.basename(path), d["verify"], draft,
                                 d.get("mtp_token", 0.0))
         except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
             raise SpecliError(f"cannot read cost curve {path}: {e}") from None
