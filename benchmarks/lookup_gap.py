@@ -78,8 +78,12 @@ def main() -> None:
     ap.add_argument("--traces", default="benchmarks/gpu/cache/traces")
     ap.add_argument("--suites", default="grounded,rag,summarise,code")
     a = ap.parse_args()
-    entry = json.load(open(a.report, encoding="utf-8"))[0]
-    costs = rp.Costs(entry["costs"], tuple(entry["verify"]), entry["draft"], entry["draft"])
+    try:
+        with open(a.report, encoding="utf-8") as f:
+            entry = json.load(f)[0]
+        costs = rp.Costs(entry["costs"], tuple(entry["verify"]), entry["draft"], entry["draft"])
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+        sys.exit(f"lookup_gap: cannot read the replay report {a.report} ({e}); write one with benchmarks/replay.py")
     k = DEFAULTS.draft_max
     policy = specli(("lookup",))
     print(f"cost curve: {costs.name}")

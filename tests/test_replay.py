@@ -344,3 +344,11 @@ def test_a_cost_curve_file_without_the_draft_cost_is_refused(tmp_path):
         bad.write_text('{"verify": [0.02, 0.03], ' + draft + '"machine": "m"}')
         with pytest.raises(SpecliError, match="no draft model cost"):
             Costs.from_file(str(bad))
+
+
+def test_a_cost_curve_must_price_one_token_and_a_longer_block():
+    from specli.errors import SpecliError
+
+    for verify in ([0.02], [0.0, 0.03], [0.02, -0.01, 0.04]):
+        with pytest.raises(SpecliError, match="verify curve needs positive costs"):
+            Costs.measured("m", verify, 0.01)

@@ -194,10 +194,12 @@ class Costs:
     @classmethod
     def measured(cls, name: str, verify_s: Sequence[float], draft_s: float, mtp_s: float = 0.0) -> "Costs":
         """From seconds (a calibration, a cost-curve file): scaled to one target token."""
-        one = float(verify_s[0])
-        if one <= 0:
-            raise SpecliError(f"{name}: the cost of one token must be positive")
-        return cls(name, tuple(float(v) / one for v in verify_s), float(draft_s) / one, float(mtp_s) / one)
+        verify = [float(v) for v in verify_s]
+        if len(verify) < 2 or min(verify) <= 0:
+            raise SpecliError(f"{name}: a verify curve needs positive costs for one token and for at least one "
+                              f"longer block; this one has {len(verify)} point(s)")
+        one = verify[0]
+        return cls(name, tuple(v / one for v in verify), float(draft_s) / one, float(mtp_s) / one)
 
     @classmethod
     def from_file(cls, path: str) -> "Costs":
