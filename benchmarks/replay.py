@@ -133,6 +133,7 @@ def evaluate(traces: list[rp.Trace], looks: list[list[int]], policies: list[Poli
 
 
 MATCH_BANDS = (2, 3, 4, 6, 8, 12, 16, 24)  # match lengths a TableRule tells apart
+KINDS = ("", *BUCKET_NAMES.values())  # and kinds of match ("": an ordinary one)
 
 
 class TableRule(Drafter):
@@ -164,7 +165,7 @@ def best_table_rule(traces: list[rp.Trace], costs: rp.Costs, rounds: int = 3) ->
         return plain / sum(rp.replay(t, TableRule(table), costs, DEFAULTS.draft_max, rp.Clock()).cost
                            for t in traces)
 
-    table = {(b, kind): 3 for b in range(len(MATCH_BANDS)) for kind in ("", *BUCKET_NAMES.values())}
+    table = {(b, kind): 3 for b in range(len(MATCH_BANDS)) for kind in KINDS}
     best = speed(table)
     for _ in range(rounds):
         for cell in table:
@@ -183,7 +184,7 @@ def table_text(table: dict[tuple[int, str], int]) -> str:
              else f"{e}-{MATCH_BANDS[i + 1] - 1}" for i, e in enumerate(MATCH_BANDS)]
     return "; ".join((kind or "ordinary") + " " + ", ".join(f"{bands[b]}: {table[(b, kind)]}"
                                                             for b in range(len(MATCH_BANDS)))
-                     for kind in ("", *BUCKET_NAMES.values()))
+                     for kind in KINDS)
 
 
 def best_fixed(sp: dict) -> tuple[str, float]:
@@ -225,7 +226,7 @@ def checks(all_res: list[tuple[rp.Costs, dict]], rules: dict[str, tuple[float, d
     cell by cell."""
     out = []
     for costs, res in all_res:
-        if costs.name.startswith("verify 1+"):
+        if costs.parametric:
             continue
         g = res.get("grounded")
         if g:
@@ -248,7 +249,7 @@ def checks(all_res: list[tuple[rp.Costs, dict]], rules: dict[str, tuple[float, d
                    f"machine's curve ≥ 0.98×): {'met' if res[worst][HEADLINE] >= 0.98 else 'NOT met'}; specli's hybrid "
                    f"at worst {fx[wf]:.3f}× the best fixed k in hindsight ({wf}) and {ll[wl]:.3f}× the best llama.cpp "
                    f"default ({wl}) (targets on GPUs: ≥ 0.90× and > 1×)")
-    gpu = [(c, r) for c, r in all_res if c.name.startswith("verify 1+")]
+    gpu = [(c, r) for c, r in all_res if c.parametric]
     if gpu:
         cells = sum(len(r) for _, r in gpu)
         ratios = [(c.name, *against(r)) for c, r in gpu]
@@ -307,7 +308,7 @@ def main() -> None:
         print(f"{costs.name}: {time.time() - t0:.0f}s; " + ", ".join(
             f"{s} {r[HEADLINE]:.2f}×/{r['bound lookup+model']:.2f}×" for s, r in res.items()), flush=True)
     rules = {c.name: best_table_rule(traces["grounded"], c) for c, _ in all_res
-             if "grounded" in traces and not c.name.startswith("verify 1+")}
+             if "grounded" in traces and not c.parametric}
     cmd = "python benchmarks/replay.py " + " ".join(sys.argv[1:])
     n_tok = {s: sum(len(t.out) for t in ts) for s, ts in traces.items()}
     lines = ["# Replay: every policy against its bound, on any hardware's costs", "",

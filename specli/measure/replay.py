@@ -176,6 +176,7 @@ class Costs:
     verify: tuple[float, ...]
     draft: float
     mtp: float = 0.0
+    parametric: bool = False  # GPU-like (:meth:`linear`), not measured on a machine
 
     @property
     def k_max(self) -> int:
@@ -189,7 +190,7 @@ class Costs:
     @classmethod
     def linear(cls, c: float, r: float, k_max: int = 64) -> "Costs":
         """GPU-like: verifying k drafted tokens costs 1 + c·k, a draft pass r."""
-        return cls(f"verify 1+{c:g}k, draft {r:g}", tuple(1.0 + c * k for k in range(k_max + 1)), r, r)
+        return cls(f"verify 1+{c:g}k, draft {r:g}", tuple(1.0 + c * k for k in range(k_max + 1)), r, r, True)
 
     @classmethod
     def measured(cls, name: str, verify_s: Sequence[float], draft_s: float, mtp_s: float = 0.0) -> "Costs":

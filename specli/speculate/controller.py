@@ -184,11 +184,11 @@ class Acceptance:
 def prior(source: Source) -> Acceptance:
     """Lookup starts pessimistic: it is scored for free on every step it has a match (shadow
     accounting), so on text that repeats its input it proves itself within a few tokens; on
-    text that does not, it never costs a verify pass; an ambiguous match (``AMBIGUOUS``)
-    and a copy picked up again past an edit (``RESYNC``) start lower still. A draft model is learned only from its own drafts, which cost: it
-    starts where a same-family draft usually is (a first token right 70 % of the time) and
-    forgets more slowly (how well it agrees with its target moves less abruptly than whether
-    the text is being copied)."""
+    text that does not, it never costs a verify pass; an ambiguous match (``AMBIGUOUS``) and a
+    copy picked up again past an edit (``RESYNC``) start lower still. A draft model is learned
+    only from its own drafts, which cost: it starts where a same-family draft usually is (a
+    first token right 70 % of the time) and forgets more slowly (how well it agrees with its
+    target moves less abruptly than whether the text is being copied)."""
     if source.kind == "lookup":
         first = {AMBIGUOUS: 0.2, RESYNC: 0.3}.get(source.bucket, 0.4)
         return Acceptance(first=first, rest=0.8)
