@@ -69,8 +69,9 @@ def suite_traces(name: str, ms: Models, a) -> list[rp.Trace]:
     caps = {p.id: p.max_tokens or a.max_tokens for p in suite.prompts}
     if a.traces:
         given = rp.load_traces(rp.Path(a.traces) / f"{name}.json")
-        if given is not None:
+        if given is not None and [t.id for t in given] == [p.id for p in suite.prompts if not p.temperature]:
             return with_caps(given, caps)
+        # missing, or recorded for other prompts (a suite that changed since): record it anew
     tp, dp = ms.paths()
     key = rp.trace_key(rp.model_ident(tp), rp.model_ident(dp), suite.name,
                        [[p.id, p.text, p.messages, p.max_tokens] for p in suite.prompts], a.max_tokens,
@@ -291,7 +292,8 @@ def main() -> None:
     ap.add_argument("--no-measured", action="store_true", help="skip this machine's calibrated curve")
     ap.add_argument("--grid-c", type=lambda s: [float(x) for x in s.split(",") if x], default=list(GRID_C))
     ap.add_argument("--grid-r", type=lambda s: [float(x) for x in s.split(",") if x], default=list(GRID_R))
-    ap.add_argument("--traces", help="read traces from DIR/<suite>.json when there, and write them there")
+    ap.add_argument("--traces", help="read traces from DIR/<suite>.json when they are the suite's prompts, "
+                    "and write them there")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "docs", "replay.md"))
     a = ap.parse_args()
     ms = Models(a)

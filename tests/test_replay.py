@@ -352,3 +352,35 @@ def test_a_cost_curve_must_price_one_token_and_a_longer_block():
     for verify in ([0.02], [0.0, 0.03], [0.02, -0.01, 0.04]):
         with pytest.raises(SpecliError, match="verify curve needs positive costs"):
             Costs.measured("m", verify, 0.01)
+
+
+def test_replay_takes_traces_from_a_folder_only_when_they_are_the_suites_prompts(tmp_path):
+    """``benchmarks/replay.py --traces DIR`` reads DIR/<suite>.json; traces recorded for an
+    earlier version of the suite (other prompts) are recorded anew, not replayed as the suite."""
+    import importlib.util
+    from dataclasses import replace
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from specli.measure.suite import load_suite
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "replay.py"
+    spec = importlib.util.spec_from_file_location("replay_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    class Recording(Exception):
+        pass
+
+    class NoModels:  # recording would start by resolving the models
+        def paths(self):
+            raise Recording
+
+    ids = [p.id for p in load_suite("grounded").prompts]
+    a = SimpleNamespace(traces=str(tmp_path), max_tokens=128)
+    save_traces(tmp_path / "grounded.json", [replace(TRACES[0], id=i, max_tokens=None) for i in ids])
+    got = bench.suite_traces("grounded", NoModels(), a)
+    assert [t.id for t in got] == ids and all(t.max_tokens for t in got)
+    save_traces(tmp_path / "grounded.json", [replace(TRACES[0], id=i) for i in ids[:-1]])  # a prompt since added
+    with pytest.raises(Recording):
+        bench.suite_traces("grounded", NoModels(), a)

@@ -156,6 +156,14 @@ class LookupDrafter(Drafter):
         self.index = NgramIndex(n_min, n_max)
         self.min_match = min_match
         self.subs = Substitutions() if substitute else None
+        self._forget()
+
+    def _forget(self) -> None:
+        """Start over: no copy followed yet (a new answer, or a context that is not the
+        last one's continuation)."""
+        self.index.truncate(0)
+        if self.subs:
+            self.subs.reset()
         self.cursor: int | None = None  # in the source of the last copy: where the context left it
         self.held = 0  # how long that copy had matched when the context left it
         self._copying: tuple[int, int, int] | None = None  # the last copy: (context length, source position, match)
@@ -163,10 +171,7 @@ class LookupDrafter(Drafter):
     def propose(self, context: Sequence[int], max_len: int) -> Draft:
         idx = self.index
         if len(idx.tokens) > len(context) or idx.tokens != list(context[:len(idx.tokens)]):
-            idx.truncate(0)
-            self.cursor, self.held, self._copying = None, 0, None
-            if self.subs:
-                self.subs.reset()
+            self._forget()
         if self.subs:
             self.subs.learn(context)
         idx.extend(context[len(idx.tokens):])
