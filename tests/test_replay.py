@@ -311,14 +311,20 @@ def test_the_prompt_catch_up_is_not_learned_as_the_cost_of_a_draft_token():
     assert drafter.ctl.cost.draft_token == pytest.approx(costs.draft)
 
 
-def test_lookup_gap_sorts_each_step_against_how_far_the_copy_held():
+def bench_script(name: str):
+    """A script of benchmarks/ (not a package), loaded as a module."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "lookup_gap.py"
-    spec = importlib.util.spec_from_file_location("lookup_gap", path)
-    gap = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gap)
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_lookup_gap_sorts_each_step_against_how_far_the_copy_held():
+    gap = bench_script("lookup_gap")
     verify = [1.0, 1.5, 2.0, 2.5, 3.0, 3.5]
     # positions 1..: a plain step where a 4-token copy held; a 2-token draft passed whole, its
     # copy held for 5; a 3-token draft kept 1; a 2-token draft failed at once; a plain step
@@ -357,17 +363,12 @@ def test_a_cost_curve_must_price_one_token_and_a_longer_block():
 def test_replay_takes_traces_from_a_folder_only_when_they_are_the_suites_prompts(tmp_path):
     """``benchmarks/replay.py --traces DIR`` reads DIR/<suite>.json; traces recorded for an
     earlier version of the suite (other prompts) are recorded anew, not replayed as the suite."""
-    import importlib.util
     from dataclasses import replace
-    from pathlib import Path
     from types import SimpleNamespace
 
     from specli.measure.suite import load_suite
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "replay.py"
-    spec = importlib.util.spec_from_file_location("replay_bench", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = bench_script("replay")
 
     class Recording(Exception):
         pass
