@@ -67,9 +67,10 @@ def suite_traces(name: str, ms: Models, a) -> list[rp.Trace]:
     """The suite's traces: from --traces DIR, else the cache, else recorded now (and cached)."""
     suite = load_suite(name)
     caps = {p.id: p.max_tokens or a.max_tokens for p in suite.prompts}
+    greedy = [p for p in suite.prompts if not p.temperature]  # a trace is of the target's greedy answer
     if a.traces:
         given = rp.load_traces(rp.Path(a.traces) / f"{name}.json")
-        if given is not None and [t.id for t in given] == [p.id for p in suite.prompts if not p.temperature]:
+        if given is not None and [t.id for t in given] == [p.id for p in greedy]:
             return with_caps(given, caps)
         # missing, or recorded for other prompts (a suite that changed since): record it anew
     tp, dp = ms.paths()
@@ -81,9 +82,7 @@ def suite_traces(name: str, ms: Models, a) -> list[rp.Trace]:
     if traces is None:
         tctx, dctx = ms.contexts()
         traces = []
-        for p in suite.prompts:
-            if p.temperature:
-                continue
+        for p in greedy:
             t0 = time.time()
             traces.append(rp.record(tctx, prompt_tokens(tctx.model, p, tctx.model.chat_template() is not None),
                                     p.max_tokens or a.max_tokens, {"model": dctx}, DEFAULTS.draft_max, suite.name, p.id))
