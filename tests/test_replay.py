@@ -385,3 +385,35 @@ def test_replay_takes_traces_from_a_folder_only_when_they_are_the_suites_prompts
     save_traces(tmp_path / "grounded.json", [replace(TRACES[0], id=i) for i in ids[:-1]])  # a prompt since added
     with pytest.raises(Recording):
         bench.suite_traces("grounded", NoModels(), a)
+
+
+def test_a_copy_checked_by_the_draft_is_cut_where_the_draft_disagrees():
+    """benchmarks/copy_evidence.py's checked copy: the draft's pass over what its cache lacks
+    plus the copy is billed, the copy is cut at the draft's first disagreement and the draft's
+    own token drafted there; the evidence tables count each copied token once by what the
+    draft made of it."""
+    ev = bench_script("copy_evidence")
+    src = list(range(100, 140))
+    out = [7] + src[:10] + [300] + src[11:20]  # a copy of the prompt with one edit
+    argmax = list(out)
+    argmax[5] = 999  # the draft model is wrong once inside the copy, before the edit
+    t = Trace("s", "c", [1] + src + [2], out, [], {"model": ModelTrace(argmax, [0.99] * len(out))})
+    costs, clock = Costs.linear(0.1, 0.2, 64), Clock()
+    checked = ev.CheckedCopy(t, costs, clock, 16)
+    context = t.prompt + out[:3]  # "100, 101" matches the prompt: lookup copies 102, 103, ...
+    d = checked.propose(context, 16)
+    assert d.tokens == out[3:5] + [999]  # cut where the draft disagrees, its token in place
+    assert clock.spent == pytest.approx(costs.draft * costs.block(len(context) + 16))
+    clock.spent = 0.0
+    d = checked.propose(context + out[3:6], 16)  # two accepted, then the target's 104
+    assert d.tokens == out[6:11] + [300]  # the edit: the draft knew it
+    assert clock.spent == pytest.approx(costs.draft * costs.block(1 + 16))  # it lacked only the target's token
+    trials = ev.copy_trials(t, 16)
+    assert (11, 11, 110, False) in trials and (3, 5, 104, True) in trials
+    _, by_draft = ev.continuation([t], {"c": [0.5] * len(out)}, 16)
+    # the copies from positions 3-5 held at 5 though the draft disagreed; the 9 from 3-11 broke at the edit
+    assert by_draft["disagrees, sure"] == [12, 3]
+    assert by_draft["agrees, sure"][1] == by_draft["agrees, sure"][0]  # the draft never agreed with a wrong copy
+    fresh = ev.speed(TRACES[:2], policies.specli(("lookup",)).make, CPU)
+    carried = ev.speed(TRACES[:2], policies.specli(("lookup",)).make, CPU, carry=True)
+    assert carried != fresh  # the second answer starts from what the first taught
