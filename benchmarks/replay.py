@@ -6,7 +6,8 @@ policy is run over them with a cost model charging every step what it would cost
 
 Policies: specli's adaptive controller (the shipped code, built as every command builds it)
 over prompt lookup, the draft model, and both; every fixed draft length k = 1..draft_max of
-each; llama.cpp's defaults (draft-simple, ngram-simple, ngram-mod). Cost models: this
+each; llama.cpp's defaults (draft-simple, ngram-simple, ngram-mod, ngram-cache, and the
+llama-lookup tool's n-gram cache). Cost models: this
 machine's calibrated curve, curves from files (``benchmarks/cost_curve.py --out`` on any
 machine), and GPU-like ones (verify(k) = 1 + c·k, a draft pass r target tokens). On every
 measured curve it also fits, knowing the answers, the best lookup rule that sees of a match
@@ -203,18 +204,21 @@ def gain_share(x: float, b: float) -> float:
     return (x - 1) / (b - 1) if b > 1 + 1e-9 else 1.0
 
 
+LLAMA_COLUMNS = ("draft-simple (model)", "ngram-simple", "ngram-mod", "ngram-cache", "llama-lookup")
+
+
 def table(costs: rp.Costs, res: dict[str, dict]) -> list[str]:
-    lines = [f"### {costs.name}", "",
-             "| suite | specli lookup | specli model | specli hybrid | best fixed k (which) | llama.cpp draft-simple "
-             "| llama.cpp ngram-simple | llama.cpp ngram-mod | bound lookup | bound hybrid | hybrid: share of bound gain |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    head = ["suite", "specli lookup", "specli model", "specli hybrid", "best fixed k (which)",
+            *(f"llama.cpp {c}".removesuffix(" (model)") for c in LLAMA_COLUMNS), "bound lookup", "bound hybrid",
+            "hybrid: share of bound gain"]
+    lines = [f"### {costs.name}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for suite, sp in res.items():
         bf, bfx = best_fixed(sp)
-        lines.append(f"| {suite} | {sp['specli lookup']:.2f}× | {sp['specli model']:.2f}× | {sp[HEADLINE]:.2f}× "
-                     f"| {bfx:.2f}× ({bf}) | {sp['llama.cpp draft-simple (model)']:.2f}× "
-                     f"| {sp['llama.cpp ngram-simple']:.2f}× | {sp['llama.cpp ngram-mod']:.2f}× "
-                     f"| {sp['bound lookup']:.2f}× | {sp['bound lookup+model']:.2f}× "
-                     f"| {100 * gain_share(sp[HEADLINE], sp['bound lookup+model']):.0f}% |")
+        cells = [suite, *(f"{sp[k]:.2f}×" for k in ("specli lookup", "specli model", HEADLINE)), f"{bfx:.2f}× ({bf})",
+                 *(f"{sp['llama.cpp ' + c]:.2f}×" for c in LLAMA_COLUMNS),
+                 *(f"{sp[k]:.2f}×" for k in ("bound lookup", "bound lookup+model")),
+                 f"{100 * gain_share(sp[HEADLINE], sp['bound lookup+model']):.0f}%"]
+        lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
 
 
@@ -232,8 +236,8 @@ def checks(all_res: list[tuple[rp.Costs, dict]], rules: dict[str, tuple[float, d
         if g:
             look = gain_share(g["specli lookup"], g["bound lookup"])
             both = gain_share(g[HEADLINE], g["bound lookup+model"])
-            out.append(f"- {costs.name}: on grounded specli's lookup captures {100 * look:.0f}% of the lookup bound's "
-                       f"gain ({g['specli lookup']:.2f}× of {g['bound lookup']:.2f}×), its hybrid {100 * both:.0f}% of "
+            out.append(f"- {costs.name}: on grounded specli's lookup captures {100 * look:.1f}% of the lookup bound's "
+                       f"gain ({g['specli lookup']:.2f}× of {g['bound lookup']:.2f}×), its hybrid {100 * both:.1f}% of "
                        f"the hybrid bound's ({g[HEADLINE]:.2f}× of {g['bound lookup+model']:.2f}×) (target on this "
                        f"machine's curve ≥ 60%): {'met' if max(look, both) >= 0.6 else 'NOT met'}")
         rule = rules.get(costs.name)
@@ -318,7 +322,8 @@ def main() -> None:
              + ", ".join(f"{s} {len(traces[s])} prompts / {n_tok[s]} tokens" for s in suites), "",
              "Speed-ups over plain decoding, in cost units (no timing noise). *hybrid* is lookup + draft model; "
              f"bounds allow drafts up to specli's draft_max ({K}); llama.cpp's n-gram policies draft up to their own "
-             "maximum (48, 64). See benchmarks/replay.py and docs/benchmarks.md for the definitions.", "",
+             "maximum (ngram-simple 48, ngram-mod 64, ngram-cache 8, llama-lookup 3). See benchmarks/replay.py "
+             "and docs/benchmarks.md for the definitions.", "",
              "## Targets", ""] + checks(all_res, rules) + ["", "## Other cost models at a glance", ""]
     lines += summary(all_res) + ["## Tables", ""]
     for costs, res in all_res:
@@ -327,7 +332,7 @@ def main() -> None:
     with open(a.out, "w") as f:
         f.write("\n".join(lines) + "\n")
     with open(os.path.splitext(a.out)[0] + ".json", "w") as f:
-        json.dump([{"costs": c.name, "verify": c.verify[:K + 1], "draft": c.draft, "suites": r} for c, r in all_res],
+        json.dump([{"costs": c.name, "verify": list(c.verify), "draft": c.draft, "suites": r} for c, r in all_res],
                   f, indent=1)
     print("\n".join(lines[:len(lines) - sum(len(table(c, r)) for c, r in all_res) - 2]))
     print(f"report: {a.out}")

@@ -4,8 +4,8 @@ hand-built token histories whose drafts follow from the C++ (line numbers in the
 import numpy as np
 import pytest
 
-from specli.measure.llamacpp_policies import (ModTable, NgramMod, NgramSimple, draft_simple_length, draft_simple_p,
-                                              ngram_simple_draft)
+from specli.measure.llamacpp_policies import (ModTable, NgramCache, NgramMod, NgramSimple, draft_simple_length,
+                                              draft_simple_p, ngram_simple_draft)
 from specli.speculate.drafters import LOOKUP, Draft
 
 P = list(range(1, 13))  # a 12-gram
@@ -203,3 +203,38 @@ def test_draft_simple_p_is_the_top10_softmax():
     row = np.concatenate([np.zeros(10), np.full(1000, -1.0)]).astype(np.float32)
     assert draft_simple_p(row) == pytest.approx(0.1, abs=1e-7)
     assert draft_simple_p(np.array([2.0, 0.0], dtype=np.float32)) == pytest.approx(1 / (1 + np.exp(-2.0)), rel=1e-6)
+
+
+# ngram-cache and llama-lookup
+
+
+def test_cache_drafts_from_the_longest_ngram_that_clears_its_thresholds():
+    tool = NgramCache(NgramCache.TOOL_N_DRAFT, whole_history=True)
+    # "5 6" then 7 once: the 2-gram has one sample (needs 2), the 1-gram "6" one (needs 2)
+    assert tool.propose([5, 6, 7, 9, 5, 6], 16).tokens == []
+    # a 3-gram needs one sample: "4 5 6" -> 7, then "5 6 7" -> 8, "6 7 8" -> 9
+    tool = NgramCache(NgramCache.TOOL_N_DRAFT, whole_history=True)
+    assert tool.propose([4, 5, 6, 7, 8, 9, 1, 4, 5, 6], 16).tokens == [7, 8, 9]  # at most 3
+    server = NgramCache()
+    assert server.propose([4, 5, 6, 7, 8, 9, 1, 4, 5, 6], 16).tokens == [7, 8, 9, 1, 4, 5, 6, 7]  # at most 8
+    assert NgramCache().propose([4, 5, 6, 7, 8, 9, 1, 4, 5, 6], 2).tokens == [7, 8]  # the cap cuts it after
+
+
+def test_cache_one_gram_needs_two_thirds_and_ties_go_to_the_follower_counted_last():
+    # "3" -> 4, 4, 5: 2 of 3 (67 %) clears 66 %
+    assert NgramCache(1, True).propose([3, 4, 9, 3, 4, 8, 3, 5, 7, 3], 16).tokens == [4]
+    # "3" -> 4, 5: 50 % does not
+    assert NgramCache(1, True).propose([3, 4, 9, 3, 5, 7, 3], 16).tokens == []
+    # "2 3" -> 4, then 5: a tie at 50 % clears the 2-gram's threshold; the follower seen last wins
+    assert NgramCache(1, True).propose([2, 3, 4, 9, 2, 3, 5, 7, 2, 3], 16).tokens == [5]
+
+
+def test_server_cache_misses_ngrams_that_span_two_calls():
+    history = [10, 11, 12, 13, 14, 15]
+    for whole in (True, False):
+        d = NgramCache(NgramCache.TOOL_N_DRAFT, whole_history=whole)
+        assert d.propose(history[:3], 16).tokens == []  # counts 10 11 12
+        # then 13..15 and a repeat of "11 12": the tool knows "11 12" -> 13 (a 2-gram across
+        # the two calls, one sample: not enough) but also "10 11 12" -> 13 (a 3-gram, enough)
+        got = d.propose(history + [10, 11, 12], 16).tokens
+        assert got == ([13, 14, 15] if whole else [])

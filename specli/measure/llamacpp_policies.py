@@ -245,6 +245,89 @@ class NgramMod(Drafter):
             self.accept(n_accepted)
 
 
+NGRAM_MIN, NGRAM_MAX = 1, 4  # ngram-cache.h:9-10 (LLAMA_NGRAM_MIN/MAX)
+CACHE_MIN_SAMPLES = (2, 2, 1, 1)  # ngram-cache.cpp:60, per n-gram size 1..4 (the "lax" context thresholds)
+CACHE_MIN_PERCENT = (66, 50, 50, 50)  # ngram-cache.cpp:61
+
+
+class NgramCache(Drafter):
+    """llama.cpp's n-gram cache lookup, one sequence, no static or dynamic cache file (the
+    defaults), in its two forms:
+
+    - ``--spec-type ngram-cache`` (llama-server; spec.cpp:2024-2160, 2186-2199): drafts up to
+      8 tokens (``n_draft = 8``, spec.cpp:2191). Before each draft it adds to the context cache
+      the tokens it has not seen (the cached ones past the last call, then ``id_last``) as a
+      sequence of their own (spec.cpp:2101-2116): n-grams that span two calls' tokens are never
+      counted.
+    - the ``llama-lookup`` tool (examples/lookup/lookup.cpp), with its defaults: drafts up to
+      ``draft.n_max`` = 3 tokens (lookup.cpp:30, common.h:328) and counts every n-gram of the
+      history (the prompt at the start, then each token as it is accepted, lookup.cpp:61,
+      160, 186): ``whole_history=True``.
+
+    The cache maps each 1- to 4-gram to the tokens seen after it with their counts
+    (``common_ngram_cache_update``, ngram-cache.cpp:12-52). Each drafted token
+    (``common_ngram_cache_draft``, ngram-cache.cpp:138-200): from the longest n-gram ending
+    the history plus the draft so far down to the shortest, the first whose most frequent
+    follower has at least ``CACHE_MIN_SAMPLES`` observations in all and at least
+    ``CACHE_MIN_PERCENT`` % of them (ngram-cache.cpp:100-136) gives the token; none: the draft
+    ends. Ties between followers go to the first one C++ iterates: for libstdc++'s
+    ``unordered_map`` of token ids in distinct buckets, the one inserted last (taken here for
+    all; ``benchmarks/check_ngram_cache.py`` finds every draft identical to the compiled C++'s
+    on random histories)."""
+
+    SERVER_N_DRAFT, TOOL_N_DRAFT = 8, 3
+
+    def __init__(self, n_draft: int = SERVER_N_DRAFT, whole_history: bool = False):
+        self.n_draft, self.whole_history = n_draft, whole_history
+        self.name = "llama-lookup" if whole_history else "ngram-cache"
+        self.cache: dict[tuple[int, ...], dict[int, int]] = {}
+        self.seen = 0  # tokens of the history already counted
+
+    def begin(self, prompt: Sequence[int], max_tokens: int | None = None) -> None:
+        self.cache, self.seen = {}, 0
+
+    def _count(self, tokens: Sequence[int], start: int) -> None:
+        """Count the n-grams followed by tokens[i] for i >= start, within ``tokens``."""
+        for n in range(NGRAM_MIN, NGRAM_MAX + 1):
+            for i in range(max(start, n), len(tokens)):
+                followers = self.cache.setdefault(tuple(tokens[i - n:i]), {})
+                followers[tokens[i]] = followers.get(tokens[i], 0) + 1
+
+    def _next(self, seq: Sequence[int]) -> int | None:
+        for n in range(NGRAM_MAX, NGRAM_MIN - 1, -1):
+            followers = self.cache.get(tuple(seq[-n:])) if len(seq) >= n else None
+            if not followers:
+                continue
+            best, most = None, 0
+            for tok, c in reversed(followers.items()):
+                if c > most:
+                    best, most = tok, c
+            total = sum(followers.values())
+            if total >= CACHE_MIN_SAMPLES[n - 1] and 100 * most >= CACHE_MIN_PERCENT[n - 1] * total:
+                return best
+        return None
+
+    def propose(self, context: Sequence[int], max_len: int) -> Draft:
+        if max_len <= 0 or len(context) < 2:  # nothing before LLAMA_NGRAM_STATIC tokens (ngram-cache.cpp:145)
+            return Draft([], LOOKUP)
+        if len(context) < self.seen:  # another generation without begin: count it afresh
+            self.begin(context)
+        if self.whole_history:
+            self._count(context, self.seen)
+        else:
+            self._count(context[self.seen:], 0)
+        self.seen = len(context)
+        seq, draft = list(context), []
+        while len(draft) < self.n_draft:
+            tok = self._next(seq)
+            if tok is None:
+                break
+            draft.append(tok)
+            seq.append(tok)
+        draft = draft[:max_len]
+        return Draft(draft, LOOKUP, [1.0] * len(draft))
+
+
 def draft_simple_p(row: np.ndarray, top_k: int = 10) -> float:
     """The ``p`` draft-simple compares with ``p_min`` for a draft-model logits ``row``: the
     top token's softmax over the ``top_k`` largest logits only, in float32 with a double sum

@@ -77,7 +77,8 @@ def llama_cpp(kinds: Sequence[str]) -> list[Policy]:
     """llama.cpp's speculative types with their default settings (common/common.h), for the
     drafters at hand; ``specli.measure.llamacpp_policies`` has the n-gram ports and their
     sources. draft-simple's defaults (n_max 3, n_min 0, p_min 0) submit exactly 3 greedy
-    tokens a step: a fixed length of 3."""
+    tokens a step: a fixed length of 3. The n-gram cache comes twice: as llama-server's
+    ``--spec-type ngram-cache`` and as the ``llama-lookup`` tool, whose defaults differ."""
     from specli.measure import llamacpp_policies as lp
 
     out = []
@@ -86,6 +87,10 @@ def llama_cpp(kinds: Sequence[str]) -> list[Policy]:
                        lambda t, c, clk: lp.NgramSimple()),
                 Policy("llama.cpp ngram-mod", "llama.cpp", ("lookup",), lp.NgramMod().n_max,
                        lambda t, c, clk: lp.NgramMod())]
+        out += [Policy("llama.cpp ngram-cache", "llama.cpp", ("lookup",), lp.NgramCache.SERVER_N_DRAFT,
+                       lambda t, c, clk: lp.NgramCache()),
+                Policy("llama.cpp llama-lookup", "llama.cpp", ("lookup",), lp.NgramCache.TOOL_N_DRAFT,
+                       lambda t, c, clk: lp.NgramCache(lp.NgramCache.TOOL_N_DRAFT, whole_history=True))]
     for kind in kinds:
         if kind in SOURCES:
             out.append(Policy(f"llama.cpp draft-simple ({kind})", "llama.cpp", (kind,), 3, _model(kind, 0.0)))

@@ -331,7 +331,10 @@ def replay(trace: Trace, drafter: Drafter, costs: Costs, draft_max: int, clock: 
 def lookup_agreement(prompt: Sequence[int], out: Sequence[int], k_max: int) -> list[int]:
     """agree[i]: the most tokens of out[i:] (at most k_max) that a verbatim copy from any
     earlier occurrence of the token before out[i] reproduces; 0 for i = 0 (the prefill's
-    token). Any copying drafter that does not rename is right at most this far."""
+    token). A drafter that copies one earlier occurrence verbatim is right at most this far;
+    one that renames (specli's lookup) or strings together the followers of several
+    occurrences (llama.cpp's ngram-mod and n-gram cache) may go further, so for those the
+    lookup bound is a yardstick, not a proof."""
     full = list(prompt) + list(out)
     agree = [0] * len(out)
     where: dict[int, list[int]] = {}  # token -> its positions so far
