@@ -186,7 +186,8 @@ def main() -> None:
         by_p, by_draft = continuation(traces, p_target, k)
         lines += [f"## {suite} ({len(traces)} answers)", "",
                   f"- continuation by the target's probability of its last token: {rates(by_p, BANDS)}",
-                  f"- continuation by the draft model's view of the copied token (sure: p ≥ {SURE}): {rates(by_draft, VIEWS)}",
+                  f"- continuation by the draft model's view of the copied token (sure: p ≥ {SURE}): "
+                  f"{rates(by_draft, VIEWS)}",
                   "", "| cost model | specli lookup | specli hybrid | copy checked by the draft | "
                   "specli lookup, learning carried across answers |", "|---|---|---|---|---|"]
         for c in curves:
