@@ -34,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from specli.errors import SpecliError  # noqa: E402
 from specli.measure import replay as rp  # noqa: E402
 from specli.measure.policies import specli  # noqa: E402
 from specli.speculate.adaptive import lookup_drafter  # noqa: E402
@@ -86,7 +87,6 @@ class CheckedCopy(Drafter):
 
     def __init__(self, trace: rp.Trace, costs: rp.Costs, clock: rp.Clock, check: int):
         self.lookup, self.t, self.costs, self.clock, self.check = lookup_drafter(DEFAULTS), trace, costs, clock, check
-        self.m = trace.models["model"]
         self.cache = rp.TraceModel(trace, "model", MODEL, costs, clock)  # what the draft's cache holds
 
     def begin(self, prompt, max_tokens):
@@ -103,7 +103,7 @@ class CheckedCopy(Drafter):
             if off is None:
                 if i + j >= len(out):
                     break
-                view = self.m.argmax[i + j]
+                view = self.cache.m.argmax[i + j]
             else:
                 view = off.pop(0)[0] if off else None
             if view != tok:
@@ -111,7 +111,7 @@ class CheckedCopy(Drafter):
                 break
             keep.append(tok)
             if off is None and tok != out[i + j]:  # the draft agreed with a wrong copy: its own chain
-                off = list(self.m.off.get(i + j, []))
+                off = list(self.cache.m.off.get(i + j, []))
         return Draft(keep[:max_len], d.source)
 
     def observe(self, draft, n_accepted, emitted, t_draft, t_verify):
@@ -165,12 +165,11 @@ def main() -> None:
     ap.add_argument("--check", type=int, default=DEFAULTS.draft_max, help="most copied tokens the draft checks")
     ap.add_argument("--out", default="docs/copy-evidence.md")
     a = ap.parse_args()
-    try:
-        entry = json.loads(Path(a.report).read_text())[0]
-        curves = [rp.Costs(entry["costs"], tuple(entry["verify"]), entry["draft"], entry["draft"])]
-        curves += [rp.Costs.from_file(f) for f in a.costs] + [rp.Costs.linear(0.05, 0.1), rp.Costs.linear(0.01, 0.05)]
-    except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
-        sys.exit(f"copy_evidence: cannot read the replay report {a.report} ({e}); write one with benchmarks/replay.py")
+    try:  # a bad report or curve file: one line, no traceback
+        curves = [rp.Costs.from_report(a.report), *(rp.Costs.from_file(f) for f in a.costs)]
+    except SpecliError as e:
+        sys.exit(f"copy_evidence: {e}")
+    curves += [rp.Costs.linear(0.05, 0.1), rp.Costs.linear(0.01, 0.05)]
     k = DEFAULTS.draft_max
     lines = ["# Evidence beyond the match: can a policy tell how far a copy holds?", "",
              f"Command: `{' '.join(['python benchmarks/copy_evidence.py'] + sys.argv[1:])}`", "",

@@ -27,12 +27,12 @@ The cost curve is the first of the report's (replay.py's: this machine's, calibr
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from specli.errors import SpecliError  # noqa: E402
 from specli.measure import replay as rp  # noqa: E402
 from specli.measure.policies import specli  # noqa: E402
 from specli.speculate.drafters import LookupDrafter  # noqa: E402
@@ -79,11 +79,9 @@ def main() -> None:
     ap.add_argument("--suites", default="grounded,rag,summarise,code")
     a = ap.parse_args()
     try:
-        with open(a.report, encoding="utf-8") as f:
-            entry = json.load(f)[0]
-        costs = rp.Costs(entry["costs"], tuple(entry["verify"]), entry["draft"], entry["draft"])
-    except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
-        sys.exit(f"lookup_gap: cannot read the replay report {a.report} ({e}); write one with benchmarks/replay.py")
+        costs = rp.Costs.from_report(a.report)
+    except SpecliError as e:
+        sys.exit(f"lookup_gap: {e}")
     k = DEFAULTS.draft_max
     policy = specli(("lookup",))
     print(f"cost curve: {costs.name}")

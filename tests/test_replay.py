@@ -417,3 +417,18 @@ def test_a_copy_checked_by_the_draft_is_cut_where_the_draft_disagrees():
     fresh = ev.speed(TRACES[:2], policies.specli(("lookup",)).make, CPU)
     carried = ev.speed(TRACES[:2], policies.specli(("lookup",)).make, CPU, carry=True)
     assert carried != fresh  # the second answer starts from what the first taught
+
+
+def test_a_replay_reports_first_curve_is_read_back_and_a_bad_report_refused(tmp_path):
+    from specli.errors import SpecliError
+
+    report = tmp_path / "replay.json"
+    report.write_text('[{"costs": "m", "verify": [1.0, 1.5, 2.0], "draft": 0.4, "suites": {}}]')
+    c = Costs.from_report(str(report))
+    assert c.name == "m" and c.verify == (1.0, 1.5, 2.0) and c.draft == 0.4
+    for bad in ("[]", "{}", '[{"costs": "m"}]', "not json"):
+        report.write_text(bad)
+        with pytest.raises(SpecliError, match="cannot read the replay report"):
+            Costs.from_report(str(report))
+    with pytest.raises(SpecliError, match="cannot read the replay report"):
+        Costs.from_report(str(tmp_path / "missing.json"))

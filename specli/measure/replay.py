@@ -219,6 +219,19 @@ class Costs:
         except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
             raise SpecliError(f"cannot read cost curve {path}: {e}") from None
 
+    @classmethod
+    def from_report(cls, path: str) -> "Costs":
+        """The first cost model of a replay report's JSON (``benchmarks/replay.py`` writes it
+        beside the report; this machine's curve when it was calibrated in that run), already
+        in units of one target token."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                entry = json.load(f)[0]
+            return cls(entry["costs"], tuple(entry["verify"]), entry["draft"], entry["draft"])
+        except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+            raise SpecliError(f"cannot read the replay report {path} ({e}); write one with benchmarks/replay.py") \
+                from None
+
 
 # -- replay ------------------------------------------------------------------------------
 @dataclass
