@@ -200,10 +200,6 @@ def against(res: dict) -> tuple[dict, dict]:
             {s: r[HEADLINE] / max(v for k, v in r.items() if k.startswith("llama.cpp")) for s, r in res.items()})
 
 
-def gain_share(x: float, b: float) -> float:
-    return (x - 1) / (b - 1) if b > 1 + 1e-9 else 1.0
-
-
 LLAMA_COLUMNS = ("draft-simple (model)", "ngram-simple", "ngram-mod", "ngram-cache", "llama-lookup")
 
 
@@ -217,7 +213,7 @@ def table(costs: rp.Costs, res: dict[str, dict]) -> list[str]:
         cells = [suite, *(f"{sp[k]:.2f}×" for k in ("specli lookup", "specli model", HEADLINE)), f"{bfx:.2f}× ({bf})",
                  *(f"{sp['llama.cpp ' + c]:.2f}×" for c in LLAMA_COLUMNS),
                  *(f"{sp[k]:.2f}×" for k in ("bound lookup", "bound lookup+model")),
-                 f"{100 * gain_share(sp[HEADLINE], sp['bound lookup+model']):.0f}%"]
+                 f"{100 * rp.gain_share(sp[HEADLINE], sp['bound lookup+model']):.0f}%"]
         lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
 
@@ -234,8 +230,8 @@ def checks(all_res: list[tuple[rp.Costs, dict]], rules: dict[str, tuple[float, d
             continue
         g = res.get("grounded")
         if g:
-            look = gain_share(g["specli lookup"], g["bound lookup"])
-            both = gain_share(g[HEADLINE], g["bound lookup+model"])
+            look = rp.gain_share(g["specli lookup"], g["bound lookup"])
+            both = rp.gain_share(g[HEADLINE], g["bound lookup+model"])
             out.append(f"- {costs.name}: on grounded specli's lookup captures {100 * look:.1f}% of the lookup bound's "
                        f"gain ({g['specli lookup']:.2f}× of {g['bound lookup']:.2f}×), its hybrid {100 * both:.1f}% of "
                        f"the hybrid bound's ({g[HEADLINE]:.2f}× of {g['bound lookup+model']:.2f}×) (target on this "
@@ -244,7 +240,7 @@ def checks(all_res: list[tuple[rp.Costs, dict]], rules: dict[str, tuple[float, d
         if rule and g:
             out.append(f"- {costs.name}: the best lookup rule that sees of a match only what the controller sees "
                        f"(its length, its kind), chosen knowing the answers: {rule[0]:.2f}× on grounded, "
-                       f"{100 * gain_share(rule[0], g['bound lookup']):.0f}% of the lookup bound's gain (tokens drafted "
+                       f"{100 * rp.gain_share(rule[0], g['bound lookup']):.0f}% of the lookup bound's gain (tokens drafted "
                        f"by kind and match length: {table_text(rule[1])})")
         worst = min(res, key=lambda s: res[s][HEADLINE])
         fx, ll = against(res)
@@ -276,7 +272,7 @@ def summary(all_res: list[tuple[rp.Costs, dict]]) -> list[str]:
         if c.name.startswith("this machine"):
             continue
         fx, ll = against(res)
-        share = sorted(gain_share(r[HEADLINE], r["bound lookup+model"]) for r in res.values())
+        share = sorted(rp.gain_share(r[HEADLINE], r["bound lookup+model"]) for r in res.values())
         wf, wl = min(fx, key=fx.get), min(ll, key=ll.get)
         lines.append(f"| {c.name} | {fx[wf]:.2f} ({wf}) | {ll[wl]:.2f} ({wl}) | {sum(v <= 1 for v in ll.values())} "
                      f"of {len(ll)} | {100 * share[len(share) // 2]:.0f}% |")

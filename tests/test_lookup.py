@@ -33,6 +33,22 @@ def test_draft_is_capped_and_index_is_incremental():
     assert idx.tokens == [1, 2, 3] and idx.find(4) == ([], 0)
 
 
+def test_a_long_match_copies_the_occurrence_that_agrees_furthest_back():
+    idx = NgramIndex(1, 3)
+    #          0  1  2  3  4  5  6  7  8  9 10 11 12 13 14 15
+    idx.extend([7, 8, 1, 2, 3, 4, 9, 1, 2, 3, 5, 7, 8, 1, 2, 3])
+    # (1, 2, 3) ends at 5 (after 7, 8, as the context's does) and at 10 (after 9): followed
+    # back, the earlier one agrees for 5 tokens, the latest for 3
+    assert idx.find(2, extend_to=10) == ([4, 9], 5) and idx.last_source == 5
+    # not followed back, they are equals and the latest wins; so it does for a shorter match
+    assert idx.find(2) == ([5, 7], 3) and idx.last_source == 10
+    assert idx.find(2, extend_to=10, tail=[6, 2, 3]) == ([5, 7], 2)
+    idx.extend([6, 7, 8, 1, 2, 3])  # now a third occurrence agrees as far back as the first: the latest of the two
+    assert idx.find(2, extend_to=10) == ([6, 7], 5) and idx.last_source == 16
+    idx.truncate(6)
+    assert idx.occurrences == {(7, 8, 1): [3], (8, 1, 2): [4], (1, 2, 3): [5]}
+
+
 def test_an_ngram_continued_two_ways_is_ambiguous():
     idx = NgramIndex(1, 3)
     idx.extend([1, 2, 3, 9, 1, 2, 4, 9, 1, 2])

@@ -341,6 +341,11 @@ def replay(trace: Trace, drafter: Drafter, costs: Costs, draft_max: int, clock: 
 
 
 # -- the clairvoyant bound --------------------------------------------------------------
+def gain_share(x: float, b: float) -> float:
+    """The share of a bound's gain over plain decoding that a speed-up ``x`` takes (bound ``b``)."""
+    return (x - 1) / (b - 1) if b > 1 + 1e-9 else 1.0
+
+
 def lookup_agreement(prompt: Sequence[int], out: Sequence[int], k_max: int) -> list[int]:
     """agree[i]: the most tokens of out[i:] (at most k_max) that a verbatim copy from any
     earlier occurrence of the token before out[i] reproduces; 0 for i = 0 (the prefill's

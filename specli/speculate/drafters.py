@@ -133,10 +133,10 @@ class NoDrafter(Drafter):
 
 
 class LookupDrafter(Drafter):
-    """Prompt lookup: copy what followed the latest earlier occurrence of the context's last
-    n tokens, longest n first, with the token substitutions the answer has been making to what
-    it copies (``substitute``). A draft's confidence is the match length, followed back up to
-    ``MATCH_CAP`` tokens; its source, the match's :func:`lookup_key`.
+    """Prompt lookup: copy what followed an earlier occurrence of the context's last n tokens
+    (:meth:`NgramIndex.find`: longest n first), with the token substitutions the answer has
+    been making to what it copies (``substitute``). A draft's confidence is the match length,
+    followed back up to ``MATCH_CAP`` tokens; its source, the match's :func:`lookup_key`.
 
     With no such match, it picks up the copy it was making before (``RESYNC``): it keeps a
     cursor in the source, where the context stopped following the last copy. When that copy

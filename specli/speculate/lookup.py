@@ -1,6 +1,7 @@
-"""Prompt lookup: draft by copying what followed the latest earlier occurrence of the
-context's last n tokens (longest n first). No second model; shines when the answer quotes
-its input (rewriting code, editing text, extracting fields)."""
+"""Prompt lookup: draft by copying what followed an earlier occurrence of the context's last
+n tokens (longest n first; the latest, or for the longest n the one that agrees furthest
+back). No second model; shines when the answer quotes its input (rewriting code, editing
+text, extracting fields)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,14 @@ class NgramIndex:
     token after it, so a lookup never matches the context's own suffix. ``ambiguous`` holds
     the n-grams the context has gone on from in more than one way (in code, ``"):\n    "``
     is followed by anything): a copy from one of them is a guess between continuations.
+    ``occurrences`` keeps, for each n_max-gram, the end positions of its occurrences: a match
+    that long is copied from the one whose preceding text agrees with the context furthest
+    back (of the latest ``CANDIDATES``), the latest among equals. An answer that repeats a
+    shape line after line has its own previous line as the latest occurrence of such a match,
+    while the line it is copying agrees for longer.
     """
+
+    CANDIDATES = 32  # occurrences of an n_max-gram compared, latest first
 
     def __init__(self, n_min: int = 1, n_max: int = 4):
         if not 1 <= n_min <= n_max:
@@ -23,6 +31,7 @@ class NgramIndex:
         self.tokens: list[int] = []
         self.index: dict[tuple[int, ...], int] = {}
         self.ambiguous: set[tuple[int, ...]] = set()
+        self.occurrences: dict[tuple[int, ...], list[int]] = {}
         self.last_ambiguous = False  # was the last match found by :meth:`find` ambiguous
         self.last_source = -1  # where the tokens the last match proposed start in ``tokens``
 
@@ -37,20 +46,23 @@ class NgramIndex:
                 if seen is not None and toks[seen] != t:
                     self.ambiguous.add(g)
                 self.index[g] = e
+                if n == self.n_max:
+                    self.occurrences.setdefault(g, []).append(e)
             toks.append(t)
 
     def truncate(self, length: int) -> None:
         """Forget tokens past ``length`` (rare: the loop only appends accepted tokens)."""
         if length < len(self.tokens):
             keep = self.tokens[:length]
-            self.tokens, self.index, self.ambiguous = [], {}, set()
+            self.tokens, self.index, self.ambiguous, self.occurrences = [], {}, set(), {}
             self.extend(keep)
 
     def find(self, max_draft: int, extend_to: int = 0, tail: Sequence[int] | None = None) -> tuple[list[int], int]:
         """(drafted tokens, length of the match); ([], 0) when nothing matches. The match is
         the longest indexed n-gram ending the context (or ``tail``, a stand-in for the
         context's last tokens); with ``extend_to`` > n_max it is followed further back, up to
-        that many tokens (how long the context has been copying this source). Sets
+        that many tokens (how long the context has been copying this source), at each of the
+        n-gram's recent occurrences, and the one it follows furthest is copied. Sets
         ``last_ambiguous`` (whether the matched n-gram is :attr:`ambiguous`) and ``last_source``
         (where the proposed tokens start)."""
         toks = self.tokens
@@ -61,12 +73,21 @@ class NgramIndex:
             g = tuple(q[L - n:])
             e = self.index.get(g)
             if e is not None:
-                self.last_ambiguous, self.last_source = g in self.ambiguous, e
+                self.last_ambiguous = g in self.ambiguous
                 if n == self.n_max:
-                    while n < extend_to and n < e and n < L and toks[e - 1 - n] == q[L - 1 - n]:
-                        n += 1
+                    n, e = max((self._back(q, s, extend_to), s)
+                               for s in self.occurrences[g][-self.CANDIDATES:])
+                self.last_source = e
                 return toks[e:e + max_draft], n
         return [], 0
+
+    def _back(self, q: Sequence[int], e: int, extend_to: int) -> int:
+        """How far back (at least n_max, at most ``extend_to``) the text before position ``e``
+        agrees with the end of ``q``."""
+        toks, n, L = self.tokens, self.n_max, len(q)
+        while n < extend_to and n < e and n < L and toks[e - 1 - n] == q[L - 1 - n]:
+            n += 1
+        return n
 
 
 def lookup_draft(tokens: Sequence[int], max_draft: int, n_min: int = 1, n_max: int = 4) -> tuple[list[int], int]:
