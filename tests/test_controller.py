@@ -216,6 +216,31 @@ def test_blocks_seen_slower_than_calibrated_make_unseen_ones_dearer_too():
     assert best_length(0.88, cm.verify, 0.0, 16)[0] == 0
 
 
+def test_a_machine_faster_than_its_calibration_prices_every_size_alike():
+    # calibrated at a slow moment (or another day), the machine now runs every pass 30 % faster:
+    # plain steps show it, blocks not drafted yet follow, and the draft lengths that paid on
+    # the calibrated curve still do (before, unseen blocks kept their calibrated time and
+    # looked 1.4x dearer than a plain step: a lookup that had not drafted yet never started)
+    cm = CostModel(curve(VM_CURVE), draft_token=0.4 * T, smoothing=0.2)
+    assert best_length(0.88, cm.verify, 0.0, 16)[0] == 3
+    for _ in range(40):
+        cm.observe_verify(0, 0.7 * T)
+    assert cm.verify[0] == pytest.approx(0.7 * T, rel=1e-3)
+    assert cm.verify[15] == pytest.approx(0.7 * VM_CURVE[15] * T, rel=1e-3)
+    assert best_length(0.88, cm.verify, 0.0, 16)[0] == 3
+    # a draft pass, calibrated with the curve, follows it until one is timed; then its own time
+    before = cm.draft_token
+    assert before == pytest.approx(0.28 * T, rel=1e-3)
+    cm.observe_draft(1, 0.5 * T)
+    timed = cm.draft_token
+    assert timed == pytest.approx(before + 0.2 * (0.5 * T - before))
+    cm.observe_verify(0, T)
+    assert cm.draft_token == timed
+    # a block seen after the machine sped up keeps its own ratio on top of the speed
+    cm.observe_verify(3, 0.7 * 1.5 * VM_CURVE[3] * T)
+    assert cm.verify[3] / cm.verify[0] > VM_CURVE[3] / VM_CURVE[0]
+
+
 def test_lookup_acceptance_is_learned_per_match_length():
     assert [str(lookup_key(n)) for n in (2, 3, 4, 7, 8, 15, 16, 40)] == [
         "lookup:2", "lookup:2", "lookup:4", "lookup:4", "lookup:8", "lookup:8", "lookup:16", "lookup:16"]

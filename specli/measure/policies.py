@@ -47,14 +47,16 @@ def _model_kind(kinds: Sequence[str]) -> str | None:
     return next((k for k in kinds if k != "lookup"), None)
 
 
-def specli(kinds: tuple[str, ...], s: SpecSettings = DEFAULTS) -> Policy:
-    """specli's adaptive policy over these drafters, as ``Session.drafter_for`` builds it."""
+def specli(kinds: tuple[str, ...], s: SpecSettings = DEFAULTS, drift: float = 1.0) -> Policy:
+    """specli's adaptive policy over these drafters, as ``Session.drafter_for`` builds it.
+    ``drift``: the machine ran this many times slower when it was calibrated than the steps
+    now take (the controller is handed the costs times ``drift``)."""
     model_kind = _model_kind(kinds)
 
     def make(t: Trace, c: Costs, clk: Clock) -> Drafter:
         model = _model(model_kind)(t, c, clk) if model_kind else None
         dcost = (c.mtp if model_kind == "mtp" else c.draft) if model_kind else 0.0
-        return adaptive_drafter(s, list(c.verify[:s.draft_max + 1]), dcost,
+        return adaptive_drafter(s, [drift * v for v in c.verify[:s.draft_max + 1]], drift * dcost,
                                 lookup_drafter(s) if "lookup" in kinds else None, model)
 
     return Policy("specli " + "+".join(kinds), "specli", kinds, s.draft_max, make)

@@ -88,10 +88,17 @@ class CostModel:
     draft_token: seconds per draft-model forward pass (one per drafted token, plus one per
     step to catch up on the tokens the target emitted).
 
-    The calibrated curve is corrected by what real steps take: each observed block size keeps
-    its own ratio of measured to calibrated time, and sizes not seen yet follow the average
-    ratio of all blocks seen (longer contexts, a busy machine and timing noise move every
-    block alike; a correction learned on short drafts then also prices the long ones)."""
+    The calibrated curve is corrected by what real steps take, in two parts. ``speed``, the
+    ratio of measured to calibrated time for one token, is how much faster or slower the
+    machine runs now than when it was calibrated (a busy neighbour, a cooler CPU, a calibration
+    cached from another day), and moves every size alike: blocks not drafted for a while keep
+    their price relative to a plain step, so a machine that sped up since its calibration does
+    not find its blocks dear and stop drafting (nor a slower one find them cheap). On top of
+    it each observed block size keeps its own ratio, and sizes not seen yet follow the average
+    ratio of all blocks seen (longer contexts and timing noise move every block alike; a
+    correction learned on short drafts then also prices the long ones). A draft pass follows
+    ``speed`` too until one has been timed (it was calibrated on the same machine at the same
+    time), then what passes take."""
 
     verify: list[float]
     draft_token: float = 0.0
@@ -99,24 +106,32 @@ class CostModel:
 
     def __post_init__(self):
         self.calibrated = list(self.verify)
-        self.ratio: list[float | None] = [None] * len(self.verify)  # measured / calibrated
-        self.block_ratio = 1.0  # over all blocks of 2+ tokens
+        self.speed = 1.0  # measured / calibrated, one token
+        self.draft_calibrated, self.draft_timed = self.draft_token, False
+        self.ratio: list[float | None] = [None] * len(self.verify)  # per block size: measured / calibrated / speed
+        self.block_ratio = 1.0  # the same over all blocks of 2+ tokens
 
     def observe_verify(self, k: int, seconds: float) -> None:
         if k >= len(self.verify) or seconds <= 0 or self.calibrated[k] <= 0:
             return
         r, s = seconds / self.calibrated[k], self.smoothing
-        old = self.ratio[k] if self.ratio[k] is not None else (self.block_ratio if k else 1.0)
-        self.ratio[k] = old + s * (r - old)
-        if k:
+        if k == 0:
+            self.speed += s * (r - self.speed)
+            if not self.draft_timed:
+                self.draft_token = self.draft_calibrated * self.speed
+        else:
+            r /= self.speed
+            old = self.ratio[k] if self.ratio[k] is not None else self.block_ratio
+            self.ratio[k] = old + s * (r - old)
             self.block_ratio += s * (r - self.block_ratio)
-        self.verify = [c * (q if q is not None else (self.block_ratio if i else 1.0))
+        self.verify = [c * self.speed * (1.0 if i == 0 else q if q is not None else self.block_ratio)
                        for i, (c, q) in enumerate(zip(self.calibrated, self.ratio))]
 
     def observe_draft(self, n_tokens: int, seconds: float) -> None:
         if n_tokens > 0 and seconds > 0:
             per = seconds / n_tokens
             self.draft_token += self.smoothing * (per - self.draft_token)
+            self.draft_timed = True
 
 
 @dataclass

@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""What a calibration taken at another speed costs: specli's controller handed a cost curve
+``drift`` times the machine's (calibrated when it ran slower, drift > 1, or faster, drift < 1;
+a calibration is cached and reused), replayed over the recorded answers while every step
+costs what the machine's curve says. The controller corrects its curve from the steps it
+times (``CostModel``); the table shows how much of the undrifted speed it keeps.
+
+    python benchmarks/calibration_drift.py [--costs FILE ...] [--drifts 1,1.45,0.7]
+                                           [--suites grounded,rag,summarise,code]
+                                           [--traces benchmarks/gpu/cache/traces]
+                                           [--out docs/calibration-drift.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specli.errors import SpecliError  # noqa: E402
+from specli.measure import replay as rp  # noqa: E402
+from specli.measure.policies import specli  # noqa: E402
+
+CURVES = ("benchmarks/curves/this-host-g.json", "benchmarks/curves/this-host-f.json",
+          "benchmarks/curves/h200-qwen7b-q4km.json")
+
+
+def speed(traces: list[rp.Trace], policy, costs: rp.Costs) -> float:
+    plain = cost = 0.0
+    for t in traces:
+        clock = rp.Clock()
+        cost += rp.replay(t, policy.make(t, costs, clock), costs, policy.draft_max, clock).cost
+        plain += t.plain_cost
+    return plain / cost
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--costs", action="append", help="a cost-curve file (repeatable; default: " + ", ".join(CURVES))
+    ap.add_argument("--drifts", default="1,1.45,0.7")
+    ap.add_argument("--suites", default="grounded,rag,summarise,code")
+    ap.add_argument("--traces", default="benchmarks/gpu/cache/traces")
+    ap.add_argument("--out", default="docs/calibration-drift.md")
+    a = ap.parse_args()
+    try:
+        curves = [rp.Costs.from_file(f) for f in (a.costs or CURVES)]
+        drifts = [float(x) for x in a.drifts.split(",")]
+    except (SpecliError, ValueError) as e:
+        sys.exit(f"calibration_drift: {e}")
+    suites = a.suites.split(",")
+    traces = {s: rp.load_traces(Path(a.traces) / f"{s}.json") for s in suites}
+    missing = [s for s, t in traces.items() if not t]
+    if missing:
+        sys.exit(f"calibration_drift: no traces for {', '.join(missing)} in {a.traces} (benchmarks/replay.py "
+                 f"--traces {a.traces} records them)")
+    lines = ["# A calibration taken at another speed", "",
+             f"Command: `{' '.join(['python benchmarks/calibration_drift.py'] + sys.argv[1:])}`", "",
+             "Replayed speed-up over plain decoding when the controller's calibrated curve is *drift* times "
+             "what the steps cost (drift 1.45: calibrated when the machine ran 1.45x slower).", ""]
+    for c in curves:
+        lines += [f"## {c.name}", "", "| policy | drift | " + " | ".join(suites) + " |",
+                  "|---|---|" + "---|" * len(suites)]
+        for kinds in (("lookup",), ("lookup", "model")):
+            for d in drifts:
+                row = [speed(traces[s], specli(kinds, drift=d), c) for s in suites]
+                lines.append(f"| specli {'+'.join(kinds)} | {d:g} | " + " | ".join(f"{x:.3f}×" for x in row) + " |")
+        lines.append("")
+        print("\n".join(lines[-10:]), flush=True)
+    Path(a.out).write_text("\n".join(lines) + "\n")
+    print(f"report: {a.out}")
+
+
+if __name__ == "__main__":
+    main()
