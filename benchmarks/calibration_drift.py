@@ -21,19 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specli.errors import SpecliError  # noqa: E402
 from specli.measure import replay as rp  # noqa: E402
-from specli.measure.policies import specli  # noqa: E402
+from specli.measure.policies import specli, speedup  # noqa: E402
 
 CURVES = ("benchmarks/curves/this-host-g.json", "benchmarks/curves/this-host-f.json",
           "benchmarks/curves/h200-qwen7b-q4km.json")
-
-
-def speed(traces: list[rp.Trace], policy, costs: rp.Costs) -> float:
-    plain = cost = 0.0
-    for t in traces:
-        clock = rp.Clock()
-        cost += rp.replay(t, policy.make(t, costs, clock), costs, policy.draft_max, clock).cost
-        plain += t.plain_cost
-    return plain / cost
 
 
 def main() -> None:
@@ -64,7 +55,7 @@ def main() -> None:
                   "|---|---|" + "---|" * len(suites)]
         for kinds in (("lookup",), ("lookup", "model")):
             for d in drifts:
-                row = [speed(traces[s], specli(kinds, drift=d), c) for s in suites]
+                row = [speedup(specli(kinds, drift=d), traces[s], c) for s in suites]
                 lines.append(f"| specli {'+'.join(kinds)} | {d:g} | " + " | ".join(f"{x:.3f}×" for x in row) + " |")
         lines.append("")
         print("\n".join(lines[-10:]), flush=True)

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specli.errors import SpecliError  # noqa: E402
 from specli.hardware import calibrate  # noqa: E402
 from specli.measure import replay as rp  # noqa: E402
-from specli.measure.policies import specli  # noqa: E402
+from specli.measure.policies import specli, speedup  # noqa: E402
 from specli.measure.suite import load_suite  # noqa: E402
 from specli.prompt import prompt_tokens  # noqa: E402
 from specli.session import Options, Session  # noqa: E402
@@ -42,11 +42,12 @@ from specli.speculate.verify import SamplingParams  # noqa: E402
 
 
 class Recorder(Drafter):
-    """A drafter as it is, each step's (drafted tokens, verify seconds) and emitted tokens noted."""
+    """A drafter as it is, each step's (drafted tokens, verify seconds) noted, and what the last
+    step emitted (its end-of-generation token, which the response's chunks leave out)."""
 
     def __init__(self, inner: Drafter, steps: list[tuple[int, float]]):
         self.inner, self.steps, self.name = inner, steps, inner.name
-        self.emitted: list[int] = []
+        self.last: list[int] = []
 
     def begin(self, prompt, max_tokens) -> None:
         self.inner.begin(prompt, max_tokens)
@@ -56,7 +57,7 @@ class Recorder(Drafter):
 
     def observe(self, draft, n_accepted, emitted, t_draft, t_verify) -> None:
         self.steps.append((len(draft.tokens), t_verify))
-        self.emitted += emitted
+        self.last = emitted
         self.inner.observe(draft, n_accepted, emitted, t_draft, t_verify)
 
 
@@ -67,20 +68,16 @@ def run(sess: Session, mode: str, prompt: list[int], max_tokens: int, steps: lis
     resp = sess.generate(prompt, SamplingParams(0.0, seed=1234), max_tokens, rec)
     out = [t for ch in resp for t in ch.tokens]
     if resp.finish_reason == "stop":
-        out.append(rec.emitted[-1])
+        out.append(rec.last[-1])
     return out, resp.stats.t_generate
 
 
 def replayed(traces: list[rp.Trace], costs: rp.Costs) -> tuple[float, float]:
     """specli's lookup replayed on these answers, and the lookup bound: speed-ups over plain."""
-    pol, plain, cost, bound = specli(("lookup",)), 0.0, 0.0, 0.0
-    for t in traces:
-        clock = rp.Clock()
-        cost += rp.replay(t, pol.make(t, costs, clock), costs, pol.draft_max, clock).cost
-        plain += t.plain_cost
-        bound += rp.bound(len(t.out), [(rp.lookup_agreement(t.prompt, t.out, pol.draft_max), 0.0, 0.0)],
-                          costs.verify, pol.draft_max)
-    return plain / cost, plain / bound
+    pol = specli(("lookup",))
+    k = pol.draft_max
+    bound = sum(rp.bound(len(t.out), rp.drafter_options(t, costs, ("lookup",), k), costs.verify, k) for t in traces)
+    return speedup(pol, traces, costs), sum(t.plain_cost for t in traces) / bound
 
 
 def main() -> None:
