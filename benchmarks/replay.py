@@ -12,7 +12,8 @@ machine's calibrated curve, curves from files (``benchmarks/cost_curve.py --out`
 machine), and GPU-like ones (verify(k) = 1 + c·k, a draft pass r target tokens). On every
 measured curve it also fits, knowing the answers, the best lookup rule that sees of a match
 what the controller sees (``best_table_rule``): how much of the bound a policy deciding from
-the match alone could take on grounded.
+the match alone could take on grounded; and the same rule told, at every step, whether its
+copy's first token holds (an oracle): what a perfect signal of where copies break would add.
 
     python benchmarks/replay.py [--suites grounded,code,...] [--costs FILE ...] [--no-measured]
                                 [--traces DIR] [--out docs/replay.md]
@@ -124,7 +125,7 @@ def evaluate(traces: list[rp.Trace], looks: list[list[int]], policies: list[Poli
     tot: dict = defaultdict(float)
     for t, look in zip(traces, looks):
         tot["plain"] += t.plain_cost
-        for kinds in {p.kinds for p in policies}:
+        for kinds in dict.fromkeys(p.kinds for p in policies):  # in order: the same JSON on every run
             tot["bound " + "+".join(kinds)] += rp.bound(len(t.out), rp.drafter_options(t, costs, kinds, draft_max, look),
                                                         costs.verify, draft_max)
         for p in policies:
@@ -141,30 +142,35 @@ class TableRule(Drafter):
     """Prompt lookup drafting ``table[(band, kind)]`` tokens from a match whose length falls
     in that band (``MATCH_BANDS``) and whose kind is a special lookup bucket's name
     (``BUCKET_NAMES``) or an ordinary one (""): the family of rules that see of a match what
-    specli's controller sees, to be tuned in hindsight."""
+    specli's controller sees, to be tuned in hindsight. ``told``: the trace it replays, read
+    as an oracle no policy has: the rule then drafts only copies whose first token holds."""
 
-    def __init__(self, table: dict[tuple[int, str], int]):
-        self.lookup, self.table = lookup_drafter(DEFAULTS), table
+    def __init__(self, table: dict[tuple[int, str], int], told: rp.Trace | None = None):
+        self.lookup, self.table, self.told = lookup_drafter(DEFAULTS), table, told
 
     def propose(self, context, max_len):
         d = self.lookup.propose(context, max_len)
         if not d.tokens:
             return d
+        if self.told is not None and d.tokens[0] != self.told.out[len(context) - len(self.told.prompt)]:
+            return Draft([], d.source)
         band = max(i for i, e in enumerate(MATCH_BANDS) if d.confidence[0] >= e)
         k = self.table[(band, BUCKET_NAMES.get(d.source.bucket, ""))]
         return Draft(d.tokens[:k], d.source, d.confidence[:k])
 
 
-def best_table_rule(traces: list[rp.Trace], costs: rp.Costs, rounds: int = 3) -> tuple[float, dict]:
+def best_table_rule(traces: list[rp.Trace], costs: rp.Costs, rounds: int = 3,
+                    told: bool = False) -> tuple[float, dict]:
     """A TableRule for these answers, chosen knowing them (coordinate descent over each
     cell's draft length from 3 everywhere): near what a lookup policy that decides from the
     match alone, the same way all answer long, could reach; an adaptive policy may beat it
-    only by learning each answer as it goes."""
+    only by learning each answer as it goes. ``told``: the rule is also told, at every step,
+    whether its copy's first token holds (how far knowing that alone would take it)."""
     plain = sum(t.plain_cost for t in traces)
 
     def speed(table: dict) -> float:
-        return plain / sum(rp.replay(t, TableRule(table), costs, DEFAULTS.draft_max, rp.Clock()).cost
-                           for t in traces)
+        return plain / sum(rp.replay(t, TableRule(table, t if told else None), costs, DEFAULTS.draft_max,
+                                     rp.Clock()).cost for t in traces)
 
     table = {(b, kind): 3 for b in range(len(MATCH_BANDS)) for kind in KINDS}
     best = speed(table)
@@ -218,7 +224,8 @@ def table(costs: rp.Costs, res: dict[str, dict]) -> list[str]:
     return lines + [""]
 
 
-def checks(all_res: list[tuple[rp.Costs, dict]], rules: dict[str, tuple[float, dict]]) -> list[str]:
+def checks(all_res: list[tuple[rp.Costs, dict]], rules: dict[str, tuple[float, dict]],
+           told: dict[str, tuple[float, dict]] | None = None) -> list[str]:
     """The issue's targets, checked on the replayed figures: on every measured curve (this
     machine's, calibrated in the run, and curves from files) the grounded share and the
     slowest suite (targets for this machine's curve), and where specli stands against the best
@@ -242,6 +249,12 @@ def checks(all_res: list[tuple[rp.Costs, dict]], rules: dict[str, tuple[float, d
                        f"(its length, its kind), chosen knowing the answers: {rule[0]:.2f}× on grounded, "
                        f"{100 * rp.gain_share(rule[0], g['bound lookup']):.0f}% of the lookup bound's gain (tokens drafted "
                        f"by kind and match length: {table_text(rule[1])})")
+        oracle = (told or {}).get(costs.name)
+        if oracle and g:
+            out.append(f"- {costs.name}: the same family of rules, told in advance at every step whether its copy's "
+                       f"first token holds (an oracle: what a perfect signal of where copies break would be worth), "
+                       f"chosen knowing the answers: {oracle[0]:.2f}× on grounded, "
+                       f"{100 * rp.gain_share(oracle[0], g['bound lookup']):.0f}% of the lookup bound's gain")
         worst = min(res, key=lambda s: res[s][HEADLINE])
         fx, ll = against(res)
         wf, wl = min(fx, key=fx.get), min(ll, key=ll.get)
@@ -308,8 +321,9 @@ def main() -> None:
         all_res.append((costs, res))
         print(f"{costs.name}: {time.time() - t0:.0f}s; " + ", ".join(
             f"{s} {r[HEADLINE]:.2f}×/{r['bound lookup+model']:.2f}×" for s, r in res.items()), flush=True)
-    rules = {c.name: best_table_rule(traces["grounded"], c) for c, _ in all_res
-             if "grounded" in traces and not c.parametric}
+    measured = [c for c, _ in all_res if "grounded" in traces and not c.parametric]
+    rules = {c.name: best_table_rule(traces["grounded"], c) for c in measured}
+    told = {c.name: best_table_rule(traces["grounded"], c, told=True) for c in measured}
     cmd = "python benchmarks/replay.py " + " ".join(sys.argv[1:])
     n_tok = {s: sum(len(t.out) for t in ts) for s, ts in traces.items()}
     lines = ["# Replay: every policy against its bound, on any hardware's costs", "",
@@ -320,7 +334,7 @@ def main() -> None:
              f"bounds allow drafts up to specli's draft_max ({K}); llama.cpp's n-gram policies draft up to their own "
              "maximum (ngram-simple 48, ngram-mod 64, ngram-cache 8, llama-lookup 3). See benchmarks/replay.py "
              "and docs/benchmarks.md for the definitions.", "",
-             "## Targets", ""] + checks(all_res, rules) + ["", "## Other cost models at a glance", ""]
+             "## Targets", ""] + checks(all_res, rules, told) + ["", "## Other cost models at a glance", ""]
     lines += summary(all_res) + ["## Tables", ""]
     for costs, res in all_res:
         lines += table(costs, res)

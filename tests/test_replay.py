@@ -338,6 +338,24 @@ def test_lookup_gap_sorts_each_step_against_how_far_the_copy_held():
     assert lost["failed"] == 1 and lost["failed cost"] == pytest.approx(verify[2] - verify[0])
 
 
+def test_a_table_rule_told_the_first_token_drafts_only_copies_that_start_right():
+    """benchmarks/replay.py's oracle rule (what knowing where copies break would be worth):
+    told the answer, it drafts no copy whose first token fails; the same rule untold drafts
+    those too, and the told rule takes the same steps with plain ones in their place."""
+    bench = bench_script("replay")
+    src = list(range(100, 160))
+    out = [7] + src[:12] + [300] + src[13:30] + [301, 302] + src[32:50]  # a copy with two edits
+    t = Trace("s", "c", [1] + src + [2], out, [])
+    table = {(b, kind): 4 for b in range(len(bench.MATCH_BANDS)) for kind in bench.KINDS}
+    costs = Costs.linear(0.5, 0.5, 16)
+    untold, told = (replay(t, bench.TableRule(table, x), costs, 16, Clock()) for x in (None, t))
+    failed = [k for k, a in zip(untold.lengths, untold.accepted_at) if k and a == 0]
+    assert failed  # the untold rule drafts into an edit
+    assert all(a > 0 for k, a in zip(told.lengths, told.accepted_at) if k)
+    assert told.accepted_at == untold.accepted_at  # the same steps; those failed drafts became plain steps
+    assert told.cost == pytest.approx(untold.cost - sum(costs.verify[k] - costs.verify[0] for k in failed))
+
+
 def test_a_cost_curve_file_without_the_draft_cost_is_refused(tmp_path):
     from specli.errors import SpecliError
 
