@@ -35,7 +35,7 @@ from specli.engine import Context, ContextConfig, Model, system_info  # noqa: E4
 from specli.errors import SpecliError  # noqa: E402
 from specli.hardware import calibrate  # noqa: E402
 from specli.measure import replay as rp  # noqa: E402
-from specli.measure.policies import Policy, every_policy  # noqa: E402
+from specli.measure.policies import Policy, every_policy, speedup  # noqa: E402
 from specli.measure.suite import BUILTIN_SUITES, load_suite  # noqa: E402
 from specli.prompt import prompt_tokens  # noqa: E402
 from specli.resolve import models  # noqa: E402
@@ -166,11 +166,10 @@ def best_table_rule(traces: list[rp.Trace], costs: rp.Costs, rounds: int = 3,
     match alone, the same way all answer long, could reach; an adaptive policy may beat it
     only by learning each answer as it goes. ``told``: the rule is also told, at every step,
     whether its copy's first token holds (how far knowing that alone would take it)."""
-    plain = sum(t.plain_cost for t in traces)
-
     def speed(table: dict) -> float:
-        return plain / sum(rp.replay(t, TableRule(table, t if told else None), costs, DEFAULTS.draft_max,
-                                     rp.Clock()).cost for t in traces)
+        rule = Policy("table rule", "rule", ("lookup",), DEFAULTS.draft_max,
+                      lambda t, c, clk: TableRule(table, t if told else None))
+        return speedup(rule, traces, costs)
 
     table = {(b, kind): 3 for b in range(len(MATCH_BANDS)) for kind in KINDS}
     best = speed(table)
@@ -225,7 +224,7 @@ def table(costs: rp.Costs, res: dict[str, dict]) -> list[str]:
 
 
 def checks(all_res: list[tuple[rp.Costs, dict]], rules: dict[str, tuple[float, dict]],
-           told: dict[str, tuple[float, dict]] | None = None) -> list[str]:
+           told: dict[str, tuple[float, dict]]) -> list[str]:
     """The issue's targets, checked on the replayed figures: on every measured curve (this
     machine's, calibrated in the run, and curves from files) the grounded share and the
     slowest suite (targets for this machine's curve), and where specli stands against the best
@@ -249,7 +248,7 @@ def checks(all_res: list[tuple[rp.Costs, dict]], rules: dict[str, tuple[float, d
                        f"(its length, its kind), chosen knowing the answers: {rule[0]:.2f}× on grounded, "
                        f"{100 * rp.gain_share(rule[0], g['bound lookup']):.0f}% of the lookup bound's gain (tokens drafted "
                        f"by kind and match length: {table_text(rule[1])})")
-        oracle = (told or {}).get(costs.name)
+        oracle = told.get(costs.name)
         if oracle and g:
             out.append(f"- {costs.name}: the same family of rules, told in advance at every step whether its copy's "
                        f"first token holds (an oracle: what a perfect signal of where copies break would be worth), "
