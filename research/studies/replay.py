@@ -331,7 +331,7 @@ def main() -> None:
              "Speed-ups over plain decoding, in cost units (no timing noise). *hybrid* is lookup + draft model; "
              f"bounds allow drafts up to specli's draft_max ({K}); llama.cpp's n-gram policies draft up to their own "
              "maximum (ngram-simple 48, ngram-mod 64, ngram-cache 8, llama-lookup 3). See research/studies/replay.py "
-             "and docs/benchmarks.md for the definitions.", "",
+             "and research/notebook.md for the definitions.", "",
              "## Targets", ""] + checks(all_res, rules, told) + ["", "## Other cost models at a glance", ""]
     lines += summary(all_res) + ["## Tables", ""]
     for costs, res in all_res:
