@@ -42,8 +42,8 @@ def main() -> None:
     traces = {s: rp.load_traces(Path(a.traces) / f"{s}.json") for s in suites}
     missing = [s for s, t in traces.items() if not t]
     if missing:
-        sys.exit(f"calibration_drift: no traces for {', '.join(missing)} in {a.traces} (research/studies/replay.py "
-                 f"--traces {a.traces} records them)")
+        sys.exit(f"calibration_drift: no traces for {', '.join(missing)} in {a.traces} "
+                 f"(python -m research.studies.replay --traces {a.traces} records them)")
     lines = ["# A calibration taken at another speed", "",
              f"Command: `{' '.join(['python -m research.studies.calibration_drift'] + sys.argv[1:])}`", "",
              "Replayed speed-up over plain decoding when the controller's calibrated curve is *drift* times "

@@ -176,11 +176,12 @@ def main() -> None:
              "position, up to its first wrong token), the share that held (trials in brackets). Speeds are "
              "replayed speed-ups over plain decoding (research/studies/copy_evidence.py says how each is "
              "replayed).", ""]
-    for suite in a.suites.split(","):
-        traces = rp.load_traces(Path(a.traces) / f"{suite}.json")
-        if not traces:
-            print(f"{suite}: no traces in {a.traces}")
-            continue
+    suites = {s: rp.load_traces(Path(a.traces) / f"{s}.json") for s in a.suites.split(",")}
+    missing = [s for s, t in suites.items() if not t]
+    if missing:  # never a report of nothing over the one kept
+        sys.exit(f"copy_evidence: no traces for {', '.join(missing)} in {a.traces} (python -m research.studies.replay "
+                 f"--traces {a.traces} records them)")
+    for suite, traces in suites.items():
         p_target = target_probabilities(traces, Path(a.traces) / f"{suite}-target-p.json", a.target)
         by_p, by_draft = continuation(traces, p_target, k)
         lines += [f"## {suite} ({len(traces)} answers)", "",

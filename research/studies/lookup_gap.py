@@ -81,11 +81,15 @@ def main() -> None:
         costs = rp.Costs.from_report(a.report)
     except SpecliError as e:
         sys.exit(f"lookup_gap: {e}")
+    suites = {s: rp.load_traces(Path(a.traces) / f"{s}.json") for s in a.suites.split(",")}
+    missing = [s for s, t in suites.items() if not t]
+    if missing:
+        sys.exit(f"lookup_gap: no traces for {', '.join(missing)} in {a.traces} "
+                 f"(python -m research.studies.replay --traces {a.traces} records them)")
     k = DEFAULTS.draft_max
     policy = specli(("lookup",))
     print(f"cost curve: {costs.name}")
-    for suite in a.suites.split(","):
-        traces = rp.load_traces(Path(a.traces) / f"{suite}.json") or []
+    for suite, traces in suites.items():
         plain = anyc = own = run = 0.0
         lost: dict[str, float] = {}
         for t in traces:
@@ -99,9 +103,6 @@ def main() -> None:
             run += r.cost
             for key, v in where_lost(r, agree, costs.verify).items():
                 lost[key] = lost.get(key, 0.0) + v
-        if not traces:
-            print(f"{suite}: no traces in {a.traces}")
-            continue
         b_any, b_own, got = plain / anyc, plain / own, plain / run
         print(f"{suite}: any copy {b_any:.2f}×, specli's copies {b_own:.2f}×, specli lookup {got:.2f}× "
               f"({100 * (got - 1) / (b_any - 1):.0f}% of the first bound's gain, "
