@@ -3,11 +3,15 @@ every policy, several cost models), the replayed controller is the shipped one (
 on tiny f32 models, with the cost model's figures in place of timings, takes exactly the
 replay's steps), and the traces say what the draft model would draft."""
 
+import importlib
+import pkgutil
 import random
+import sys
 
 import pytest
 from curves import VM_CURVE
 
+import research.studies
 from research.lab import policies
 from research.lab.replay import (
     Clock,
@@ -436,3 +440,31 @@ def test_a_replay_reports_first_curve_is_read_back_and_a_bad_report_refused(tmp_
             Costs.from_report(str(report))
     with pytest.raises(SpecliError, match="cannot read the replay report"):
         Costs.from_report(str(tmp_path / "missing.json"))
+
+
+STUDIES = sorted(m.name for m in pkgutil.iter_modules(research.studies.__path__))
+
+
+@pytest.mark.parametrize("name", STUDIES)
+def test_every_study_imports_against_the_package_and_parses_its_options(name, monkeypatch, capsys):
+    """The studies live outside the package: a change to specli that breaks one fails here."""
+    module = importlib.import_module(f"research.studies.{name}")
+    monkeypatch.setattr(sys, "argv", [name, "--help"])
+    with pytest.raises(SystemExit) as done:
+        module.main()
+    assert done.value.code == 0 and "usage:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["copy_evidence", "lookup_gap", "calibration_drift"])
+def test_a_study_without_traces_says_so_and_writes_nothing(name, tmp_path, monkeypatch):
+    report = tmp_path / "replay.json"
+    report.write_text('[{"costs": "m", "verify": [1.0, 1.5, 2.0], "draft": 0.4, "suites": {}}]')
+    save_traces(tmp_path / "grounded.json", TRACES)  # one suite of the two asked for
+    out = tmp_path / "out.md"
+    args = ["--traces", str(tmp_path), "--suites", "grounded,rag"]
+    args += ["--out", str(out)] if name != "lookup_gap" else []
+    args += ["--report", str(report)] if name != "calibration_drift" else []
+    monkeypatch.setattr(sys, "argv", [name, *args])
+    with pytest.raises(SystemExit, match=f"{name}: no traces for rag in {tmp_path}"):
+        importlib.import_module(f"research.studies.{name}").main()
+    assert not out.exists()
