@@ -7,7 +7,7 @@ gain: with every draft accepted, a step yields k + 1 tokens for cost[k] token-ti
                                     [--out curve.json]
 
 ``--out`` writes the curve (seconds) and the draft model's cost per token (``--draft``, by
-default the 0.5B draft the replay's traces use) as JSON, for ``benchmarks/replay.py --costs
+default the 0.5B draft the replay's traces use) as JSON, for ``research/studies/replay.py --costs
 FILE`` on any other machine.
 """
 
@@ -17,13 +17,10 @@ import argparse
 import json
 import os
 import platform
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-from specli.engine import Context, ContextConfig, Model, system_info  # noqa: E402
+from specli.engine import Context, ContextConfig, Model, system_info
 from specli.hardware import calibrate
-from specli.resolve import models  # noqa: E402
+from specli.resolve import models
 
 
 def main() -> None:

@@ -8,7 +8,7 @@
 3. llama.cpp's own fixed-setting draft speculation (`llama-speculative-simple`) and n-gram
    lookup (`llama-lookup`) on the same prompts, when the binaries are given.
 
-Writes a Markdown report (default docs/benchmark-report.md) and the raw JSON beside it.
+Writes a Markdown report (default research/results/benchmark-report.md) and the raw JSON beside it.
 
     python benchmarks/run_benchmarks.py --llama-cpp-bin /path/to/llama.cpp/build/bin
 """
@@ -24,19 +24,17 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-from specli.engine import Context, ContextConfig, Model, system_info  # noqa: E402
-from specli.measure.bench import run_bench  # noqa: E402
-from specli.measure.report import markdown  # noqa: E402
-from specli.measure.suite import load_suite  # noqa: E402
-from specli.prompt import build_prompt  # noqa: E402
-from specli.resolve import models  # noqa: E402
-from specli.speculate.drafters import NoDrafter  # noqa: E402
-from specli.session import Options, Session  # noqa: E402
-from specli.speculate.loop import generate  # noqa: E402
-from specli.speculate.settings import SpecSettings  # noqa: E402
-from specli.speculate.verify import SamplingParams  # noqa: E402
+from specli.engine import Context, ContextConfig, Model, system_info
+from specli.measure.bench import run_bench
+from specli.measure.report import markdown
+from specli.measure.suite import load_suite
+from specli.prompt import build_prompt
+from specli.resolve import models
+from specli.session import Options, Session
+from specli.speculate.drafters import NoDrafter
+from specli.speculate.loop import generate
+from specli.speculate.settings import SpecSettings
+from specli.speculate.verify import SamplingParams
 
 
 def plain_vs_llama_bench(target: str, bindir: str | None, threads: int, n: int = 128, depth: int = 128,
@@ -111,7 +109,8 @@ def main() -> None:
     ap.add_argument("--gpu-layers", type=int, default=None, help="default: the hardware plan")
     ap.add_argument("--llama-cpp-bin", default=os.environ.get("LLAMA_CPP_BIN"),
                     help="folder with llama.cpp's llama-bench, llama-speculative-simple, llama-lookup")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "docs", "benchmark-report.md"))
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "research", "results",
+                                                    "benchmark-report.md"))
     a = ap.parse_args()
 
     target = models.resolve(a.target, progress=print)
@@ -139,7 +138,7 @@ def main() -> None:
                 theirs[s] = {k: {"tok_s": v, "vs_specli_plain": v / base} for k, v in theirs[s].items()}
         print(markdown([rep]), flush=True)
 
-    lines = [f"# Benchmark report\n", f"Run {started} on {platform.machine()}, {a.threads} threads; "
+    lines = ["# Benchmark report\n", f"Run {started} on {platform.machine()}, {a.threads} threads; "
              f"llama.cpp: `{system_info()}`\n", f"Command: `{cmd}`\n", f"Target `{os.path.basename(target)}`, "
              f"draft `{os.path.basename(draft) if draft else '-'}`, {a.max_tokens} tokens per prompt, temperature "
              f"per prompt (0 unless the suite says otherwise).\n", "## Plain decoding overhead\n"]

@@ -30,9 +30,9 @@ TYPICAL_ACCEPTANCE = calibrate.TYPICAL_ACCEPTANCE  # assumed when measured costs
 # with nothing measured: vLLM's and SGLang's documented examples draft 4-5 tokens; llama.cpp's own
 # default is 3. Longer drafts only pay where verifying a block costs little more than one token.
 DEFAULT_DRAFT_N = 5
-# prompt lookup drafts after an exact match of this many tokens: on specli's grounded suite the next
-# token follows a 2-3 token match 67% of the time and a 4+ token match 85-93% (drafters.lookup_key);
-# a fixed-length engine cannot learn that per match, so it starts at 4
+# prompt lookup drafts after an exact match of this many tokens: a 4+ token match is followed far more
+# often than a 2-3 token one (drafters.lookup_key); a fixed-length engine cannot learn that per match,
+# so it starts at 4
 LOOKUP_MATCH = 4
 
 

@@ -101,7 +101,7 @@ def test_llama_server_commands():
 
     # llama.cpp's ngram-simple drops a copy shorter than its match: a short measured length
     # must not switch lookup off (the ported policy proposes nothing then)
-    from specli.measure.llamacpp_policies import ngram_simple_draft
+    from research.lab.llamacpp_policies import ngram_simple_draft
     short = argv(ex.llama_server(pair(lookup_n=3), 8123))
     n, m = int(value(short, "--spec-ngram-simple-size-n")), int(value(short, "--spec-ngram-simple-size-m"))
     text = list(range(100, 180))

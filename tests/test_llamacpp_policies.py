@@ -1,11 +1,18 @@
-"""The ports of llama.cpp's speculative policies (specli/measure/llamacpp_policies.py) against
+"""The ports of llama.cpp's speculative policies (research/lab/llamacpp_policies.py) against
 hand-built token histories whose drafts follow from the C++ (line numbers in the module)."""
 
 import numpy as np
 import pytest
 
-from specli.measure.llamacpp_policies import (ModTable, NgramCache, NgramMod, NgramSimple, draft_simple_length,
-                                              draft_simple_p, ngram_simple_draft)
+from research.lab.llamacpp_policies import (
+    ModTable,
+    NgramCache,
+    NgramMod,
+    NgramSimple,
+    draft_simple_length,
+    draft_simple_p,
+    ngram_simple_draft,
+)
 from specli.speculate.drafters import LOOKUP, Draft
 
 P = list(range(1, 13))  # a 12-gram

@@ -3,14 +3,17 @@ every policy, several cost models), the replayed controller is the shipped one (
 on tiny f32 models, with the cost model's figures in place of timings, takes exactly the
 replay's steps), and the traces say what the draft model would draft."""
 
+import importlib
+import pkgutil
 import random
+import sys
 
 import pytest
 from curves import VM_CURVE
 
-from specli.engine import Context, ContextConfig, Model
-from specli.measure import policies
-from specli.measure.replay import (
+import research.studies
+from research.lab import policies
+from research.lab.replay import (
     Clock,
     Costs,
     ModelTrace,
@@ -25,6 +28,9 @@ from specli.measure.replay import (
     replay,
     save_traces,
 )
+from research.studies import copy_evidence, lookup_gap
+from research.studies import replay as study
+from specli.engine import Context, ContextConfig, Model
 from specli.speculate.adaptive import adaptive_drafter, lookup_drafter
 from specli.speculate.drafters import MODEL, Draft, Drafter, LookupDrafter, ModelDrafter, lookup_key
 from specli.speculate.loop import generate
@@ -311,27 +317,14 @@ def test_the_prompt_catch_up_is_not_learned_as_the_cost_of_a_draft_token():
     assert drafter.ctl.cost.draft_token == pytest.approx(costs.draft)
 
 
-def bench_script(name: str):
-    """A script of benchmarks/ (not a package), loaded as a module."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_lookup_gap_sorts_each_step_against_how_far_the_copy_held():
-    gap = bench_script("lookup_gap")
     verify = [1.0, 1.5, 2.0, 2.5, 3.0, 3.5]
     # positions 1..: a plain step where a 4-token copy held; a 2-token draft passed whole, its
     # copy held for 5; a 3-token draft kept 1; a 2-token draft failed at once; a plain step
     # with nothing to copy
     own = [0, 4, 5, 0, 0, 3, 0, 0, 0, 2, 0, 0, 0]
     run = Run(lengths=[0, 2, 3, 2, 0], accepted_at=[0, 2, 1, 0, 0])
-    lost = gap.where_lost(run, own, verify)
+    lost = lookup_gap.where_lost(run, own, verify)
     assert lost["not drafted"] == 1 and lost["not drafted tokens"] == 4
     assert lost["cut short"] == 1 and lost["cut short tokens"] == 3
     assert lost["past the break"] == 1 and lost["past the break cost"] == pytest.approx(verify[3] - verify[1])
@@ -339,16 +332,15 @@ def test_lookup_gap_sorts_each_step_against_how_far_the_copy_held():
 
 
 def test_a_table_rule_told_the_first_token_drafts_only_copies_that_start_right():
-    """benchmarks/replay.py's oracle rule (what knowing where copies break would be worth):
+    """research/studies/replay.py's oracle rule (what knowing where copies break would be worth):
     told the answer, it drafts no copy whose first token fails; the same rule untold drafts
     those too, and the told rule takes the same steps with plain ones in their place."""
-    bench = bench_script("replay")
     src = list(range(100, 160))
     out = [7] + src[:12] + [300] + src[13:30] + [301, 302] + src[32:50]  # a copy with two edits
     t = Trace("s", "c", [1] + src + [2], out, [])
-    table = {(b, kind): 4 for b in range(len(bench.MATCH_BANDS)) for kind in bench.KINDS}
+    table = {(b, kind): 4 for b in range(len(study.MATCH_BANDS)) for kind in study.KINDS}
     costs = Costs.linear(0.5, 0.5, 16)
-    untold, told = (replay(t, bench.TableRule(table, x), costs, 16, Clock()) for x in (None, t))
+    untold, told = (replay(t, study.TableRule(table, x), costs, 16, Clock()) for x in (None, t))
     failed = [k for k, a in zip(untold.lengths, untold.accepted_at) if k and a == 0]
     assert failed  # the untold rule drafts into an edit
     assert all(a > 0 for k, a in zip(told.lengths, told.accepted_at) if k)
@@ -379,14 +371,13 @@ def test_a_cost_curve_must_price_one_token_and_a_longer_block():
 
 
 def test_replay_takes_traces_from_a_folder_only_when_they_are_the_suites_prompts(tmp_path):
-    """``benchmarks/replay.py --traces DIR`` reads DIR/<suite>.json; traces recorded for an
+    """``research/studies/replay.py --traces DIR`` reads DIR/<suite>.json; traces recorded for an
     earlier version of the suite (other prompts) are recorded anew, not replayed as the suite."""
     from dataclasses import replace
     from types import SimpleNamespace
 
     from specli.measure.suite import load_suite
 
-    bench = bench_script("replay")
 
     class Recording(Exception):
         pass
@@ -398,26 +389,25 @@ def test_replay_takes_traces_from_a_folder_only_when_they_are_the_suites_prompts
     ids = [p.id for p in load_suite("grounded").prompts]
     a = SimpleNamespace(traces=str(tmp_path), max_tokens=128)
     save_traces(tmp_path / "grounded.json", [replace(TRACES[0], id=i, max_tokens=None) for i in ids])
-    got = bench.suite_traces("grounded", NoModels(), a)
+    got = study.suite_traces("grounded", NoModels(), a)
     assert [t.id for t in got] == ids and all(t.max_tokens for t in got)
     save_traces(tmp_path / "grounded.json", [replace(TRACES[0], id=i) for i in ids[:-1]])  # a prompt since added
     with pytest.raises(Recording):
-        bench.suite_traces("grounded", NoModels(), a)
+        study.suite_traces("grounded", NoModels(), a)
 
 
 def test_a_copy_checked_by_the_draft_is_cut_where_the_draft_disagrees():
-    """benchmarks/copy_evidence.py's checked copy: the draft's pass over what its cache lacks
+    """research/studies/copy_evidence.py's checked copy: the draft's pass over what its cache lacks
     plus the copy is billed, the copy is cut at the draft's first disagreement and the draft's
     own token drafted there; the evidence tables count each copied token once by what the
     draft made of it."""
-    ev = bench_script("copy_evidence")
     src = list(range(100, 140))
     out = [7] + src[:10] + [300] + src[11:20]  # a copy of the prompt with one edit
     argmax = list(out)
     argmax[5] = 999  # the draft model is wrong once inside the copy, before the edit
     t = Trace("s", "c", [1] + src + [2], out, [], {"model": ModelTrace(argmax, [0.99] * len(out))})
     costs, clock = Costs.linear(0.1, 0.2, 64), Clock()
-    checked = ev.CheckedCopy(t, costs, clock, 16)
+    checked = copy_evidence.CheckedCopy(t, costs, clock, 16)
     context = t.prompt + out[:3]  # "100, 101" matches the prompt: lookup copies 102, 103, ...
     d = checked.propose(context, 16)
     assert d.tokens == out[3:5] + [999]  # cut where the draft disagrees, its token in place
@@ -426,14 +416,14 @@ def test_a_copy_checked_by_the_draft_is_cut_where_the_draft_disagrees():
     d = checked.propose(context + out[3:6], 16)  # two accepted, then the target's 104
     assert d.tokens == out[6:11] + [300]  # the edit: the draft knew it
     assert clock.spent == pytest.approx(costs.draft * costs.block(1 + 16))  # it lacked only the target's token
-    trials = ev.copy_trials(t, 16)
+    trials = copy_evidence.copy_trials(t, 16)
     assert (11, 11, 110, False) in trials and (3, 5, 104, True) in trials
-    _, by_draft = ev.continuation([t], {"c": [0.5] * len(out)}, 16)
+    _, by_draft = copy_evidence.continuation([t], {"c": [0.5] * len(out)}, 16)
     # the copies from positions 3-5 held at 5 though the draft disagreed; the 9 from 3-11 broke at the edit
     assert by_draft["disagrees, sure"] == [12, 3]
     assert by_draft["agrees, sure"][1] == by_draft["agrees, sure"][0]  # the draft never agreed with a wrong copy
-    fresh = ev.speed(TRACES[:2], policies.specli(("lookup",)).make, CPU)
-    carried = ev.speed(TRACES[:2], policies.specli(("lookup",)).make, CPU, carry=True)
+    fresh = copy_evidence.speed(TRACES[:2], policies.specli(("lookup",)).make, CPU)
+    carried = copy_evidence.speed(TRACES[:2], policies.specli(("lookup",)).make, CPU, carry=True)
     assert carried != fresh  # the second answer starts from what the first taught
 
 
@@ -450,3 +440,31 @@ def test_a_replay_reports_first_curve_is_read_back_and_a_bad_report_refused(tmp_
             Costs.from_report(str(report))
     with pytest.raises(SpecliError, match="cannot read the replay report"):
         Costs.from_report(str(tmp_path / "missing.json"))
+
+
+STUDIES = sorted(m.name for m in pkgutil.iter_modules(research.studies.__path__))
+
+
+@pytest.mark.parametrize("name", STUDIES)
+def test_every_study_imports_against_the_package_and_parses_its_options(name, monkeypatch, capsys):
+    """The studies live outside the package: a change to specli that breaks one fails here."""
+    module = importlib.import_module(f"research.studies.{name}")
+    monkeypatch.setattr(sys, "argv", [name, "--help"])
+    with pytest.raises(SystemExit) as done:
+        module.main()
+    assert done.value.code == 0 and "usage:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["copy_evidence", "lookup_gap", "calibration_drift"])
+def test_a_study_without_traces_says_so_and_writes_nothing(name, tmp_path, monkeypatch):
+    report = tmp_path / "replay.json"
+    report.write_text('[{"costs": "m", "verify": [1.0, 1.5, 2.0], "draft": 0.4, "suites": {}}]')
+    save_traces(tmp_path / "grounded.json", TRACES)  # one suite of the two asked for
+    out = tmp_path / "out.md"
+    args = ["--traces", str(tmp_path), "--suites", "grounded,rag"]
+    args += ["--out", str(out)] if name != "lookup_gap" else []
+    args += ["--report", str(report)] if name != "calibration_drift" else []
+    monkeypatch.setattr(sys, "argv", [name, *args])
+    with pytest.raises(SystemExit, match=f"{name}: no traces for rag in {tmp_path}"):
+        importlib.import_module(f"research.studies.{name}").main()
+    assert not out.exists()

@@ -8,7 +8,7 @@
 #                                   chosen tests import, for the device's Python (DEVICE_PY, 3.12)
 #   smollm2-tokenizer.gguf          the SmolLM2 tokenizer alone (no tensors): the tiny test models and
 #                                   the synthetic benchmark models are built on it there
-#   traces/                         left for recorded traces (benchmarks/replay.py --traces)
+#   traces/                         left for recorded traces (research/studies/replay.py --traces)
 #   llama_cpp_cuda.whl (+ .txt)     only with CUDA_ARCH=NN and nvcc here: llama-cpp-python built with
 #                                   CUDA for that architecture, which run.sh unpacks instead of building
 # and prints its size (the whole travelling tree must stay under 64 MiB; this aims under 60).

@@ -7,7 +7,7 @@
 #   4 load    the 0.5B loaded fully offloaded and decoded; on a crash, a backtrace and loading
 #             variants (load_check.py) until one works, which the later phases then use
 #   5 costs   the 7B's verify cost curve and the 0.5B's per-token cost -> $OUT/gpu-costs.json
-#   6 replay  benchmarks/replay.py --no-measured --costs $OUT/gpu-costs.json --traces benchmarks/gpu/cache/traces
+#   6 replay  python -m research.studies.replay --no-measured --costs $OUT/gpu-costs.json --traces benchmarks/gpu/cache/traces
 #   7 tests   the exactness tests with every model offloaded
 # Each phase has its own time limit inside a total of BUDGET seconds (570); a failed phase does not
 # stop the later ones. Prints each phase's time; $OUT gets run.log, gpu-costs.json, models.json,
@@ -211,9 +211,9 @@ tests() {
 }
 
 replay() {
-  local later="python benchmarks/replay.py --no-measured --costs docs/gpu-costs.json --traces DIR --suites ..."
-  if [ ! -f benchmarks/replay.py ] || ! $PY benchmarks/replay.py --help 2>&1 | grep -q -- '--traces'; then
-    echo "REPLAY NOT RUN: benchmarks/replay.py with --costs/--traces is not there yet; later, anywhere: $later"
+  local later="python -m research.studies.replay --no-measured --costs gpu-costs.json --traces DIR --suites ..."
+  if [ ! -f research/studies/replay.py ] || ! $PY -m research.studies.replay --help 2>&1 | grep -q -- '--traces'; then
+    echo "REPLAY NOT RUN: research/studies/replay.py with --costs/--traces is not there; later, anywhere: $later"
     return 0
   fi
   local suites
@@ -225,8 +225,8 @@ replay() {
   [ -f "$OUT/gpu-costs.json" ] || { echo "REPLAY NOT RUN: no $OUT/gpu-costs.json (the costs phase failed)"; return 1; }
   # --no-measured: the real target/draft are not here (traces only); a suite without a trace would
   # be recorded, which needs them, so only the carried suites are replayed. --grid-c "": no GPU-like
-  # grid, only the curve just measured (the grid needs no GPU: docs/replay.md has it)
-  $PY benchmarks/replay.py --no-measured --costs "$OUT/gpu-costs.json" --traces "$CACHE/traces" \
+  # grid, only the curve just measured (the grid needs no GPU: research/results/replay.md has it)
+  $PY -m research.studies.replay --no-measured --costs "$OUT/gpu-costs.json" --traces "$CACHE/traces" \
       --suites "$suites" --k-max "$K_MAX" --grid-c "" --out "$OUT/replay.md"
 }
 export -f deps build synth loadcheck costs tests replay cuda_cmake_args

@@ -48,13 +48,11 @@ BUCKET_NAMES = {AMBIGUOUS: "ambiguous", RESYNC: "resync"}
 def lookup_key(match_len: int, ambiguous: bool = False) -> Source:
     """Lookup acceptance is learned apart by how long the context has matched its source
     (2-3, 4-7, 8-15, 16+ tokens): a long match means the answer is copying that source, and
-    the copy tends to go on. On the grounded suite's answers the next token follows a 2-3
-    token match 67% of the time, a longer one 85-93%, and each later token of a 16+ match
-    93% (vs 85-89%), so long matches earn long drafts. A match whose n-gram the context has
-    already continued in another way (``ambiguous``) is a guess between continuations, at
-    any length: over the answers of the grounded, rag and summarise suites 17% of those copies
-    start right against 85% of the others (30% against 61% on the other suites), so they are
-    learned apart (bucket ``AMBIGUOUS``)."""
+    the copy tends to go on, so long matches earn long drafts. A match whose n-gram the
+    context has already continued in another way (``ambiguous``) is a guess between
+    continuations, at any length, and starts right far less often: it is learned apart
+    (bucket ``AMBIGUOUS``). The measured rates: research/README.md, "Figures behind lookup's
+    buckets"."""
     if ambiguous:
         return Source("lookup", AMBIGUOUS)
     return Source("lookup", max((e for e in LOOKUP_BUCKETS if match_len >= e), default=0))
@@ -143,8 +141,8 @@ class LookupDrafter(Drafter):
     had held for ``RESYNC_HELD`` tokens or more and the context's last token is one of the
     ``RESYNC_WINDOW`` source tokens from the cursor on, the answer has come back to the source
     past an edit (a word inserted, replaced or dropped) and the copy goes on from there. A
-    2-token match could not see it yet: the token before is the edit. On the grounded suite's
-    answers 24 of 29 such copies start right; over the other eight suites, 21 of 58."""
+    2-token match could not see it yet: the token before is the edit. How often such copies
+    start right: research/README.md, "Figures behind lookup's buckets"."""
 
     name = "lookup"
     MATCH_CAP = 32

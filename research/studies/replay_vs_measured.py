@@ -13,8 +13,9 @@ the two calibrations: the machine's costs drift between runs, and the replay is 
 as the curve it is handed. The report also gives each block size's real cost against the
 calibrations', and the share of the lookup bound's gain on each curve.
 
-    python benchmarks/replay_vs_measured.py [--profile default] [--suite grounded] [--repeat 1]
-                                            [--threads N] [--out docs/replay-vs-measured.md]
+    python -m research.studies.replay_vs_measured [--profile default] [--suite grounded]
+                                                  [--repeat 1] [--threads N]
+                                                  [--out research/results/replay-vs-measured.md]
 """
 
 from __future__ import annotations
@@ -27,18 +28,16 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from specli.errors import SpecliError  # noqa: E402
-from specli.hardware import calibrate  # noqa: E402
-from specli.measure import replay as rp  # noqa: E402
-from specli.measure.policies import specli, speedup  # noqa: E402
-from specli.measure.suite import load_suite  # noqa: E402
-from specli.prompt import prompt_tokens  # noqa: E402
-from specli.session import Options, Session  # noqa: E402
-from specli.speculate.drafters import Drafter  # noqa: E402
-from specli.speculate.settings import SpecSettings  # noqa: E402
-from specli.speculate.verify import SamplingParams  # noqa: E402
+from research.lab import replay as rp
+from research.lab.policies import specli, speedup
+from specli.errors import SpecliError
+from specli.hardware import calibrate
+from specli.measure.suite import load_suite
+from specli.prompt import prompt_tokens
+from specli.session import Options, Session
+from specli.speculate.drafters import Drafter
+from specli.speculate.settings import SpecSettings
+from specli.speculate.verify import SamplingParams
 
 
 class Recorder(Drafter):
@@ -87,7 +86,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--threads", type=int)
-    ap.add_argument("--out", default="docs/replay-vs-measured.md")
+    ap.add_argument("--out", default="research/results/replay-vs-measured.md")
     a = ap.parse_args()
     try:
         spec = SpecSettings()
@@ -145,7 +144,7 @@ def main() -> None:
     rows = [(c.name, *replayed(traces, c)) for c in curves]
 
     lines = ["# Replay against a measured run", "",
-             f"Command: `{' '.join(['python benchmarks/replay_vs_measured.py'] + sys.argv[1:])}`, "
+             f"Command: `{' '.join(['python -m research.studies.replay_vs_measured'] + sys.argv[1:])}`, "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {sess.ctx.threads} threads, "
              f"{len(prompts)} prompts of `{suite.name}`, {a.repeat} round(s), plain and lookup interleaved.", "",
              f"Measured: plain {tokens['none'] / secs['none']:.2f} tok/s, lookup {tokens['lookup'] / secs['lookup']:.2f} "

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from specli.measure.replay import Clock, Costs, Trace, TraceModel, replay
+from research.lab.replay import Clock, Costs, Trace, TraceModel, replay
 from specli.speculate.adaptive import adaptive_drafter, lookup_drafter
 from specli.speculate.drafters import MODEL, MTP, Draft, Drafter
 from specli.speculate.settings import DEFAULTS, SpecSettings
@@ -87,11 +87,11 @@ def fixed(kinds: tuple[str, ...], k: int, s: SpecSettings = DEFAULTS) -> Policy:
 
 def llama_cpp(kinds: Sequence[str]) -> list[Policy]:
     """llama.cpp's speculative types with their default settings (common/common.h), for the
-    drafters at hand; ``specli.measure.llamacpp_policies`` has the n-gram ports and their
+    drafters at hand; ``research.lab.llamacpp_policies`` has the n-gram ports and their
     sources. draft-simple's defaults (n_max 3, n_min 0, p_min 0) submit exactly 3 greedy
     tokens a step: a fixed length of 3. The n-gram cache comes twice: as llama-server's
     ``--spec-type ngram-cache`` and as the ``llama-lookup`` tool, whose defaults differ."""
-    from specli.measure import llamacpp_policies as lp
+    from research.lab import llamacpp_policies as lp
 
     out = []
     if "lookup" in kinds:

@@ -14,9 +14,10 @@ traces (no timing noise):
    one prompt of the suite to the next, against starting each answer afresh (as every command
    does).
 
-    python benchmarks/copy_evidence.py [--report docs/replay.json] [--traces benchmarks/gpu/cache/traces]
-                                       [--suites grounded,rag,summarise] [--costs FILE ...]
-                                       [--out docs/copy-evidence.md]
+    python -m research.studies.copy_evidence [--report research/results/replay.json]
+                                             [--traces benchmarks/gpu/cache/traces]
+                                             [--suites grounded,rag,summarise] [--costs FILE ...]
+                                             [--out research/results/copy-evidence.md]
 
 Curves: the report's first (replay.py's, this machine's, calibrated in its run), each
 ``--costs`` file, and two GPU-like ones. The target's probabilities are recorded once per
@@ -32,15 +33,13 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from specli.errors import SpecliError  # noqa: E402
-from specli.measure import replay as rp  # noqa: E402
-from specli.measure.policies import specli  # noqa: E402
-from specli.speculate.adaptive import lookup_drafter  # noqa: E402
-from specli.speculate.drafters import MODEL, Draft, Drafter, LookupDrafter  # noqa: E402
-from specli.speculate.settings import DEFAULTS  # noqa: E402
-from specli.tokens import common_prefix  # noqa: E402
+from research.lab import replay as rp
+from research.lab.policies import specli
+from specli.errors import SpecliError
+from specli.speculate.adaptive import lookup_drafter
+from specli.speculate.drafters import MODEL, Draft, Drafter, LookupDrafter
+from specli.speculate.settings import DEFAULTS
+from specli.tokens import common_prefix
 
 P_EDGES = (0.5, 0.9, 0.99, 0.999)  # bands of the target's probability of its last token
 SURE = 0.7  # a draft argmax this probable counts as a confident one
@@ -157,13 +156,13 @@ def rates(table: dict, order: list[str]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--report", default="docs/replay.json")
+    ap.add_argument("--report", default="research/results/replay.json")
     ap.add_argument("--traces", default="benchmarks/gpu/cache/traces")
     ap.add_argument("--suites", default="grounded,rag,summarise")
     ap.add_argument("--costs", action="append", default=[], help="a cost-curve JSON file (repeatable)")
     ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct-q4_k_m")
     ap.add_argument("--check", type=int, default=DEFAULTS.draft_max, help="most copied tokens the draft checks")
-    ap.add_argument("--out", default="docs/copy-evidence.md")
+    ap.add_argument("--out", default="research/results/copy-evidence.md")
     a = ap.parse_args()
     try:  # a bad report or curve file: one line, no traceback
         curves = [rp.Costs.from_report(a.report), *(rp.Costs.from_file(f) for f in a.costs)]
@@ -172,15 +171,17 @@ def main() -> None:
     curves += [rp.Costs.linear(0.05, 0.1), rp.Costs.linear(0.01, 0.05)]
     k = DEFAULTS.draft_max
     lines = ["# Evidence beyond the match: can a policy tell how far a copy holds?", "",
-             f"Command: `{' '.join(['python benchmarks/copy_evidence.py'] + sys.argv[1:])}`", "",
+             f"Command: `{' '.join(['python -m research.studies.copy_evidence'] + sys.argv[1:])}`", "",
              "Per-token continuation: of the copied tokens tested (specli's copy from the true prefix at every "
              "position, up to its first wrong token), the share that held (trials in brackets). Speeds are "
-             "replayed speed-ups over plain decoding (benchmarks/copy_evidence.py says how each is replayed).", ""]
-    for suite in a.suites.split(","):
-        traces = rp.load_traces(Path(a.traces) / f"{suite}.json")
-        if not traces:
-            print(f"{suite}: no traces in {a.traces}")
-            continue
+             "replayed speed-ups over plain decoding (research/studies/copy_evidence.py says how each is "
+             "replayed).", ""]
+    suites = {s: rp.load_traces(Path(a.traces) / f"{s}.json") for s in a.suites.split(",")}
+    missing = [s for s, t in suites.items() if not t]
+    if missing:  # never a report of nothing over the one kept
+        sys.exit(f"copy_evidence: no traces for {', '.join(missing)} in {a.traces} (python -m research.studies.replay "
+                 f"--traces {a.traces} records them)")
+    for suite, traces in suites.items():
         p_target = target_probabilities(traces, Path(a.traces) / f"{suite}-target-p.json", a.target)
         by_p, by_draft = continuation(traces, p_target, k)
         lines += [f"## {suite} ({len(traces)} answers)", "",

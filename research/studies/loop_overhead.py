@@ -3,28 +3,23 @@
 context (one llama_decode and one argmax per token, no bookkeeping), alternated in one
 process: what the Python around llama.cpp costs.
 
-    python benchmarks/loop_overhead.py [--target REF] [--tokens 96] [--rounds 4]
+    python -m research.studies.loop_overhead [--target REF] [--tokens 96] [--rounds 4]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
+import llama_cpp as L
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-import llama_cpp as L  # noqa: E402
-
-from specli.engine import Context, ContextConfig, Model  # noqa: E402
-from specli.resolve import models  # noqa: E402
-from specli.speculate.drafters import NoDrafter  # noqa: E402
-from specli.speculate.loop import generate  # noqa: E402
-from specli.speculate.verify import SamplingParams  # noqa: E402
+from specli.engine import Context, ContextConfig, Model
+from specli.resolve import models
+from specli.speculate.drafters import NoDrafter
+from specli.speculate.loop import generate
+from specli.speculate.verify import SamplingParams
 
 
 def main() -> None:

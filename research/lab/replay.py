@@ -221,7 +221,7 @@ class Costs:
 
     @classmethod
     def from_report(cls, path: str) -> "Costs":
-        """The first cost model of a replay report's JSON (``benchmarks/replay.py`` writes it
+        """The first cost model of a replay report's JSON (``research/studies/replay.py`` writes it
         beside the report; this machine's curve when it was calibrated in that run), already
         in units of one target token."""
         try:
@@ -229,8 +229,8 @@ class Costs:
                 entry = json.load(f)[0]
             return cls(entry["costs"], tuple(entry["verify"]), entry["draft"], entry["draft"])
         except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
-            raise SpecliError(f"cannot read the replay report {path} ({e}); write one with benchmarks/replay.py") \
-                from None
+            raise SpecliError(f"cannot read the replay report {path} ({e}); "
+                              "write one with python -m research.studies.replay") from None
 
 
 # -- replay ------------------------------------------------------------------------------

@@ -15,8 +15,9 @@ what the controller sees (``best_table_rule``): how much of the bound a policy d
 the match alone could take on grounded; and the same rule told, at every step, whether its
 copy's first token holds (an oracle): what a perfect signal of where copies break would add.
 
-    python benchmarks/replay.py [--suites grounded,code,...] [--costs FILE ...] [--no-measured]
-                                [--traces DIR] [--out docs/replay.md]
+    python -m research.studies.replay [--suites grounded,code,...] [--costs FILE ...]
+                                      [--no-measured] [--traces DIR]
+                                      [--out research/results/replay.md]
 """
 
 from __future__ import annotations
@@ -29,19 +30,17 @@ import sys
 import time
 from collections import defaultdict
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-from specli.engine import Context, ContextConfig, Model, system_info  # noqa: E402
-from specli.errors import SpecliError  # noqa: E402
-from specli.hardware import calibrate  # noqa: E402
-from specli.measure import replay as rp  # noqa: E402
-from specli.measure.policies import Policy, every_policy, speedup  # noqa: E402
-from specli.measure.suite import BUILTIN_SUITES, load_suite  # noqa: E402
-from specli.prompt import prompt_tokens  # noqa: E402
-from specli.resolve import models  # noqa: E402
-from specli.speculate.adaptive import lookup_drafter  # noqa: E402
-from specli.speculate.drafters import BUCKET_NAMES, Draft, Drafter  # noqa: E402
-from specli.speculate.settings import DEFAULTS  # noqa: E402
+from research.lab import replay as rp
+from research.lab.policies import Policy, every_policy, speedup
+from specli.engine import Context, ContextConfig, Model, system_info
+from specli.errors import SpecliError
+from specli.hardware import calibrate
+from specli.measure.suite import BUILTIN_SUITES, load_suite
+from specli.prompt import prompt_tokens
+from specli.resolve import models
+from specli.speculate.adaptive import lookup_drafter
+from specli.speculate.drafters import BUCKET_NAMES, Draft, Drafter
+from specli.speculate.settings import DEFAULTS
 
 GRID_C = (0.01, 0.02, 0.05, 0.1, 0.2)
 GRID_R = (0.05, 0.1, 0.2, 0.5)
@@ -305,7 +304,7 @@ def main() -> None:
     ap.add_argument("--grid-r", type=lambda s: [float(x) for x in s.split(",") if x], default=list(GRID_R))
     ap.add_argument("--traces", help="read traces from DIR/<suite>.json when they are the suite's prompts, "
                     "and write them there")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "docs", "replay.md"))
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "results", "replay.md"))
     a = ap.parse_args()
     ms = Models(a)
     suites = [s for s in a.suites.split(",") if s]
@@ -323,7 +322,7 @@ def main() -> None:
     measured = [c for c, _ in all_res if "grounded" in traces and not c.parametric]
     rules = {c.name: best_table_rule(traces["grounded"], c) for c in measured}
     told = {c.name: best_table_rule(traces["grounded"], c, told=True) for c in measured}
-    cmd = "python benchmarks/replay.py " + " ".join(sys.argv[1:])
+    cmd = "python -m research.studies.replay " + " ".join(sys.argv[1:])
     n_tok = {s: sum(len(t.out) for t in ts) for s, ts in traces.items()}
     lines = ["# Replay: every policy against its bound, on any hardware's costs", "",
              f"Command: `{cmd.strip()}`  ", f"Machine: {platform.machine()}, `{system_info()}`  ",
@@ -331,8 +330,8 @@ def main() -> None:
              + ", ".join(f"{s} {len(traces[s])} prompts / {n_tok[s]} tokens" for s in suites), "",
              "Speed-ups over plain decoding, in cost units (no timing noise). *hybrid* is lookup + draft model; "
              f"bounds allow drafts up to specli's draft_max ({K}); llama.cpp's n-gram policies draft up to their own "
-             "maximum (ngram-simple 48, ngram-mod 64, ngram-cache 8, llama-lookup 3). See benchmarks/replay.py "
-             "and docs/benchmarks.md for the definitions.", "",
+             "maximum (ngram-simple 48, ngram-mod 64, ngram-cache 8, llama-lookup 3). See research/studies/replay.py "
+             "and research/notebook.md for the definitions.", "",
              "## Targets", ""] + checks(all_res, rules, told) + ["", "## Other cost models at a glance", ""]
     lines += summary(all_res) + ["## Tables", ""]
     for costs, res in all_res:

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """The Python port of llama.cpp's n-gram cache (``NgramCache`` in
-specli/measure/llamacpp_policies.py, both forms) against the C++ it ports, on random token
+research/lab/llamacpp_policies.py, both forms) against the C++ it ports, on random token
 histories: the vendored ``common/ngram-cache.cpp`` compiled with a small driver that updates
 the cache and drafts as llama-server's ``ngram-cache`` and the ``llama-lookup`` tool do.
 
 Needs the llama.cpp build the tests make for llama-server (``tests/llama_server.py``:
 ~/.cache/specli/llama-server/VERSION/build; ``pytest tests/test_export.py`` builds it) and g++.
 
-    python benchmarks/check_ngram_cache.py [--cases 3000] [--seed 0]
+    python -m research.studies.check_ngram_cache [--cases 3000] [--seed 0]
 """
 
 from __future__ import annotations
@@ -19,12 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-import llama_server  # noqa: E402
-
-from specli.measure.llamacpp_policies import NgramCache  # noqa: E402
+from research.lab.llamacpp_policies import NgramCache
+from tests import llama_server
 
 DRIVER = r"""#include "ngram-cache.h"
 #include <cstdio>

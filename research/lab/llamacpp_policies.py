@@ -272,7 +272,7 @@ class NgramCache(Drafter):
     ``CACHE_MIN_PERCENT`` % of them (ngram-cache.cpp:100-136) gives the token; none: the draft
     ends. Ties between followers go to the first one C++ iterates: for libstdc++'s
     ``unordered_map`` of token ids in distinct buckets, the one inserted last (taken here for
-    all; ``benchmarks/check_ngram_cache.py`` finds every draft identical to the compiled C++'s
+    all; ``research/studies/check_ngram_cache.py`` finds every draft identical to the compiled C++'s
     on random histories)."""
 
     SERVER_N_DRAFT, TOOL_N_DRAFT = 8, 3

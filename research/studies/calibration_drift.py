@@ -5,10 +5,10 @@ a calibration is cached and reused), replayed over the recorded answers while ev
 costs what the machine's curve says. The controller corrects its curve from the steps it
 times (``CostModel``); the table shows how much of the undrifted speed it keeps.
 
-    python benchmarks/calibration_drift.py [--costs FILE ...] [--drifts 1,1.45,0.7]
-                                           [--suites grounded,rag,summarise,code]
-                                           [--traces benchmarks/gpu/cache/traces]
-                                           [--out docs/calibration-drift.md]
+    python -m research.studies.calibration_drift [--costs FILE ...] [--drifts 1,1.45,0.7]
+                                                 [--suites grounded,rag,summarise,code]
+                                                 [--traces benchmarks/gpu/cache/traces]
+                                                 [--out research/results/calibration-drift.md]
 """
 
 from __future__ import annotations
@@ -17,14 +17,12 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from research.lab import replay as rp
+from research.lab.policies import specli, speedup
+from specli.errors import SpecliError
 
-from specli.errors import SpecliError  # noqa: E402
-from specli.measure import replay as rp  # noqa: E402
-from specli.measure.policies import specli, speedup  # noqa: E402
-
-CURVES = ("benchmarks/curves/this-host-g.json", "benchmarks/curves/this-host-f.json",
-          "benchmarks/curves/h200-qwen7b-q4km.json")
+CURVES = ("research/curves/this-host-g.json", "research/curves/this-host-f.json",
+          "research/curves/h200-qwen7b-q4km.json")
 
 
 def main() -> None:
@@ -33,7 +31,7 @@ def main() -> None:
     ap.add_argument("--drifts", default="1,1.45,0.7")
     ap.add_argument("--suites", default="grounded,rag,summarise,code")
     ap.add_argument("--traces", default="benchmarks/gpu/cache/traces")
-    ap.add_argument("--out", default="docs/calibration-drift.md")
+    ap.add_argument("--out", default="research/results/calibration-drift.md")
     a = ap.parse_args()
     try:
         curves = [rp.Costs.from_file(f) for f in (a.costs or CURVES)]
@@ -44,10 +42,10 @@ def main() -> None:
     traces = {s: rp.load_traces(Path(a.traces) / f"{s}.json") for s in suites}
     missing = [s for s, t in traces.items() if not t]
     if missing:
-        sys.exit(f"calibration_drift: no traces for {', '.join(missing)} in {a.traces} (benchmarks/replay.py "
-                 f"--traces {a.traces} records them)")
+        sys.exit(f"calibration_drift: no traces for {', '.join(missing)} in {a.traces} "
+                 f"(python -m research.studies.replay --traces {a.traces} records them)")
     lines = ["# A calibration taken at another speed", "",
-             f"Command: `{' '.join(['python benchmarks/calibration_drift.py'] + sys.argv[1:])}`", "",
+             f"Command: `{' '.join(['python -m research.studies.calibration_drift'] + sys.argv[1:])}`", "",
              "Replayed speed-up over plain decoding when the controller's calibrated curve is *drift* times "
              "what the steps cost (drift 1.45: calibrated when the machine ran 1.45x slower).", ""]
     for c in curves:

@@ -18,8 +18,9 @@ would have held), **past the break** (a draft that went on after the copy broke:
 cost of the tokens after it), **failed** (a draft whose first token failed: its extra verify
 cost). Costs are in target tokens.
 
-    python benchmarks/lookup_gap.py [--report docs/replay.json] [--traces benchmarks/gpu/cache/traces]
-                                    [--suites grounded,rag]
+    python -m research.studies.lookup_gap [--report research/results/replay.json]
+                                          [--traces benchmarks/gpu/cache/traces]
+                                          [--suites grounded,rag]
 
 The cost curve is the first of the report's (replay.py's: this machine's, calibrated in its run).
 """
@@ -30,14 +31,12 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from specli.errors import SpecliError  # noqa: E402
-from specli.measure import replay as rp  # noqa: E402
-from specli.measure.policies import specli  # noqa: E402
-from specli.speculate.drafters import LookupDrafter  # noqa: E402
-from specli.speculate.settings import DEFAULTS  # noqa: E402
-from specli.tokens import common_prefix  # noqa: E402
+from research.lab import replay as rp
+from research.lab.policies import specli
+from specli.errors import SpecliError
+from specli.speculate.drafters import LookupDrafter
+from specli.speculate.settings import DEFAULTS
+from specli.tokens import common_prefix
 
 
 def copies_agreement(trace: rp.Trace, k_max: int) -> list[int]:
@@ -74,7 +73,7 @@ def where_lost(run: rp.Run, own: list[int], verify) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--report", default="docs/replay.json")
+    ap.add_argument("--report", default="research/results/replay.json")
     ap.add_argument("--traces", default="benchmarks/gpu/cache/traces")
     ap.add_argument("--suites", default="grounded,rag,summarise,code")
     a = ap.parse_args()
@@ -82,11 +81,15 @@ def main() -> None:
         costs = rp.Costs.from_report(a.report)
     except SpecliError as e:
         sys.exit(f"lookup_gap: {e}")
+    suites = {s: rp.load_traces(Path(a.traces) / f"{s}.json") for s in a.suites.split(",")}
+    missing = [s for s, t in suites.items() if not t]
+    if missing:
+        sys.exit(f"lookup_gap: no traces for {', '.join(missing)} in {a.traces} "
+                 f"(python -m research.studies.replay --traces {a.traces} records them)")
     k = DEFAULTS.draft_max
     policy = specli(("lookup",))
     print(f"cost curve: {costs.name}")
-    for suite in a.suites.split(","):
-        traces = rp.load_traces(Path(a.traces) / f"{suite}.json") or []
+    for suite, traces in suites.items():
         plain = anyc = own = run = 0.0
         lost: dict[str, float] = {}
         for t in traces:
@@ -100,9 +103,6 @@ def main() -> None:
             run += r.cost
             for key, v in where_lost(r, agree, costs.verify).items():
                 lost[key] = lost.get(key, 0.0) + v
-        if not traces:
-            print(f"{suite}: no traces in {a.traces}")
-            continue
         b_any, b_own, got = plain / anyc, plain / own, plain / run
         print(f"{suite}: any copy {b_any:.2f}×, specli's copies {b_own:.2f}×, specli lookup {got:.2f}× "
               f"({100 * (got - 1) / (b_any - 1):.0f}% of the first bound's gain, "
