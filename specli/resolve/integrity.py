@@ -66,6 +66,15 @@ def remember(path: str | os.PathLike, sha256: str) -> None:
             Path(tmp).unlink(missing_ok=True)
 
 
+def cached_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file, hashed once per version (remembered like a verified file)."""
+    known = _load().get(_key(path))
+    if known:
+        return known
+    digest = sha256_of(path)
+    remember(path, digest)
+    return digest
+
 def problem(path: str | os.PathLike, sha256: str | None = None, size: int | None = None) -> str | None:
     """Why the file at ``path`` is not the expected one, or None when it is (or nothing is known
     to check it against). "missing" when there is no file."""
