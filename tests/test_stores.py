@@ -362,7 +362,7 @@ def test_pairs_by_llama_cpp_rules(pair_home):
     assert rc == 0 and f"lmstudio:{LMS_DRAFT}" in out and "ollama:tiny-draft:latest" in out, err
     assert "tiny-edited" not in out
     rc, out, err = specli("pairs", "ollama:tiny-draft", env=env_of(pair_home))
-    assert rc == 0 and "none of the" in out, out
+    assert rc == 0 and "none on disk (4 usable models)" in out, out
 
 
 def run_json(env, *args) -> tuple[dict, str]:
@@ -430,3 +430,26 @@ def test_every_command_takes_store_references(pair_home, tmp_path):
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def test_a_file_with_a_profiles_pinned_sha256_gets_its_draft_and_settings(pair_home, big_target, tiny_draft):
+    """The profile names its models on the Hub; the files are on disk under other names (an
+    Ollama blob, an LM Studio file): matched by SHA-256, the profile's draft found on disk wins
+    over the better-ranked same-family one, and its settings apply."""
+    prof = pair_home / ".config" / "specli" / "profiles" / "tiny-pinned.yaml"
+    prof.parent.mkdir(parents=True)
+    prof.write_text(f"name: tiny-pinned\n"
+                    f"target: {{sources: [tiny-org/Big-GGUF/big.gguf], sha256: {sha256_of(big_target)}}}\n"
+                    f"drafts:\n  - {{sources: [tiny-org/Small-GGUF/small.gguf], sha256: {sha256_of(tiny_draft)}}}\n"
+                    "defaults: {draft_max: 5, ctx: 1024}\n")
+    link(big_target, pair_home / ".lmstudio" / "models" / "me" / "Renamed-GGUF" / "renamed.gguf")
+    env = env_of(pair_home)
+    draft_blob = models.resolve("ollama:tiny-draft")
+    for ref in ("ollama:tiny-big", "lmstudio:me/Renamed-GGUF"):
+        res, err = run_json(env, "--target", ref, "--draft", "auto")
+        assert f"specli: {ref} is profile tiny-pinned's target (SHA-256 {sha256_of(big_target)[:12]}…)" in err, err
+        assert (f"--draft auto: Ollama tiny-draft:latest ({draft_blob}): profile tiny-pinned's draft "
+                "tiny-org/Small-GGUF/small.gguf, found on disk (SHA-256 match)") in err, err
+        assert res["draft"] == draft_blob and res["settings"]["ctx"] == 1024 and res["settings"]["draft_max"] == 5
+    # the renamed file was hashed once, into specli's cache, not into any store
+    assert (pair_home / ".cache" / "specli" / "verified.json").exists()

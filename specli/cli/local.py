@@ -140,5 +140,5 @@ def _print_pairs(groups, n_models: int, target: str | None) -> None:
             t.add_row(escape(name), escape(p.draft.found.ref), stores.LABELS[p.draft.found.store],
                       f"{p.ratio:.1f}x", "✓" if p.same_family else "", pick)
         if not drafts and not s.mtp_usable:
-            t.add_row(escape(name), f"none of the {n_models} models on disk", "", "", "", "")
+            t.add_row(escape(name), f"none on disk ({n_models} usable models)", "", "", "", "")
     con.print(t)

@@ -63,9 +63,12 @@ class Found:
 
     @property
     def ref(self) -> str:
-        """What ``--target`` / ``--draft`` accept for it."""
+        """What ``--target`` / ``--draft`` accept for it: the store reference, the Hub reference
+        (served from the cache; offline with HF_HUB_OFFLINE=1), the ``pypi:`` name, else the path."""
         if self.store in ("ollama", "lmstudio"):
             return f"{self.store}:{self.name}"
+        if self.store == "hf" or self.name.startswith("pypi:"):
+            return self.name
         return self.path or self.name
 
     @property
