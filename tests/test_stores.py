@@ -174,6 +174,27 @@ def test_same_file_in_two_stores_is_read_once_and_listed_under_both_names(home, 
     assert local.pairs(rows) == []  # a file is no draft for itself
 
 
+def test_a_second_scan_reads_no_header(home, big_target, tiny_draft, tiny_draft_edited, monkeypatch):
+    """Summaries are remembered by file version in specli's cache; token texts are read only for
+    tokenizers that pass llama.cpp's other rules and still differ."""
+    oll = home / ".ollama" / "models"
+    ollama_model(oll, "big:latest", big_target)
+    ollama_model(oll, "draft:latest", tiny_draft)
+    ollama_model(oll, "edited:latest", tiny_draft_edited)
+    first = local.scan()
+    assert (home / ".cache" / "specli" / "headers.json").exists()
+    monkeypatch.setattr(local, "read_gguf", lambda p: pytest.fail(f"read the header of {p} again"))
+    monkeypatch.setattr(local, "_VOCABS", {})
+    again = local.scan()
+    assert [(m.found, m.summary, m.note) for m in again] == [(m.found, m.summary, m.note) for m in first]
+    # the edited vocabulary passes every rule but the token texts: only its and the target's are read
+    read = []
+    monkeypatch.setattr(local, "read_gguf", lambda p: read.append(p) or read_gguf(p))
+    big = next(m for m in again if m.found.name == "big:latest")
+    assert [p.draft.found.name for p in local.drafts_for(big.summary, big.path, again)] == ["draft:latest"]
+    assert sorted(read) == sorted([big.path, next(m.path for m in again if m.found.name == "edited:latest")])
+
+
 # -- references ----------------------------------------------------------------------------------
 
 def test_references_resolve_in_place(home, tiny_target, tiny_draft, family_draft):

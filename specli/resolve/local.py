@@ -9,16 +9,26 @@ name, the later ones marked as the same file. Drafting compatibility is llama.cp
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from specli.errors import SpecliError
 from specli.resolve import integrity, stores, vocab
-from specli.resolve.gguf_header import GGUFHeader, VocabInfo, read_gguf, unloadable, vocab_from_header
+from specli.resolve.gguf_header import (
+    LLAMA_ARCHITECTURES,
+    MTP_ARCHITECTURES,
+    GGUFHeader,
+    VocabInfo,
+    read_gguf,
+    unloadable,
+    vocab_from_header,
+)
 from specli.resolve.profiles import ModelSpec, Profile, load_all
 
 # `--draft auto` takes a draft on disk with at least this many times fewer parameters than the
@@ -40,9 +50,17 @@ class Summary:
     mtp_usable: bool
     family: str  # general.basename ("" when the header has none)
     tokenizer: str  # fingerprint: vocabulary type and a hash of what llama.cpp compares
+    vocab: VocabInfo  # without the token texts: llama.cpp's other rules, checked without reading them
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> Summary:
+        return cls(**{**d, "vocab": VocabInfo(**{**d["vocab"], "tokens": ()})})
 
 
-_VOCABS: dict[str, VocabInfo] = {}  # fingerprint -> vocabulary: one copy per distinct tokenizer
+_VOCABS: dict[str, VocabInfo] = {}  # fingerprint -> vocabulary with its texts, one per tokenizer read
 
 
 def fingerprint(v: VocabInfo) -> str:
@@ -75,7 +93,18 @@ def summarise(h: GGUFHeader) -> Summary:
     fp = fingerprint(v)
     _VOCABS.setdefault(fp, v)
     return Summary(h.architecture, h.n_params, quantisation(h), int(h.arch_key("context_length", 0) or 0),
-                   h.mtp_layers, h.mtp_usable, str(h.get("general.basename", "") or ""), fp)
+                   h.mtp_layers, h.mtp_usable, str(h.get("general.basename", "") or ""), fp,
+                   dataclasses.replace(v, tokens=()))
+
+
+# what a remembered summary was judged against (usable MTP, loadable): another llama.cpp, read again
+_TABLES = hashlib.sha256(repr((sorted(MTP_ARCHITECTURES), sorted(LLAMA_ARCHITECTURES))).encode()).hexdigest()[:12]
+
+
+def _headers_db() -> Path:
+    """Summaries of the headers read before, by file version: a scan reads only new files."""
+    from specli.resolve.wheels import cache_dir
+    return cache_dir().parent / "headers.json"
 
 
 @dataclass(frozen=True)
@@ -119,12 +148,21 @@ def disk_size(path: str) -> int:
                if os.path.exists(_SPLIT.sub(f"-{i:05d}-of-{n:05d}.gguf", path)))
 
 
-def _read(f: stores.Found, size: int) -> LocalModel:
+def _read(f: stores.Found, size: int, known: dict, new: dict) -> LocalModel:
+    """The model's summary: remembered (``known``) or read from its header (then added to ``new``)."""
+    key = integrity.file_key(f.path)
+    if isinstance(known.get(key), dict) and known[key].get("tables") == _TABLES:
+        try:
+            return LocalModel(f, Summary.from_json(known[key]["summary"]), size, known[key]["note"])
+        except (KeyError, TypeError):
+            pass  # written by another version of specli: read the header again
     try:
         h = read_gguf(f.path)
     except SpecliError as e:
         return LocalModel(f, None, size, str(e).removeprefix(f"{f.path}: "))
-    return LocalModel(f, summarise(h), size, unloadable(h) or "")
+    m = LocalModel(f, summarise(h), size, unloadable(h) or "")
+    new[key] = {"summary": m.summary.to_json(), "note": m.note, "tables": _TABLES}
+    return m
 
 
 def scan(found: list[stores.Found] | None = None, max_size: int | None = None) -> list[LocalModel]:
@@ -132,6 +170,7 @@ def scan(found: list[stores.Found] | None = None, max_size: int | None = None) -
     files smaller than that many bytes are read; the others are left out)."""
     found = stores.discover() if found is None else found
     first: dict[tuple[int, int], LocalModel] = {}
+    known, new = integrity.load_db(_headers_db()), {}
     out = []
     for f in found:
         if not f.ok:
@@ -150,8 +189,10 @@ def scan(found: list[stores.Found] | None = None, max_size: int | None = None) -
             m = first[key]
             out.append(LocalModel(f, m.summary, size, m.note, same_as=m.found))
             continue
-        first[key] = _read(f, size)
+        first[key] = _read(f, size, known, new)
         out.append(first[key])
+    if new:
+        integrity.store_db(_headers_db(), new)
     return out
 
 
@@ -164,11 +205,25 @@ class Pairing:
     same_family: bool
 
 
-def compatible(t: Summary, d: Summary) -> bool:
-    """llama.cpp's tokenizer rules (vocab.check_vocab) between two summarised models."""
+def _texts(s: Summary, path: str | None) -> VocabInfo:
+    """The vocabulary with its token texts (read from the file's header the first time)."""
+    if s.tokenizer not in _VOCABS:
+        _VOCABS[s.tokenizer] = vocab_from_header(read_gguf(path))
+    return _VOCABS[s.tokenizer]
+
+
+def compatible(t: Summary, t_path: str | None, d: Summary, d_path: str | None) -> bool:
+    """llama.cpp's tokenizer rules (vocab.check_vocab) between two summarised models: the same
+    fingerprint passes, the rules other than the token texts are checked from the summaries, and
+    only pairs that pass them have their token texts read and compared."""
     if t.tokenizer == d.tokenizer:
         return True
-    return vocab.mismatch_message(vocab.check_vocab(_VOCABS[t.tokenizer], _VOCABS[d.tokenizer])) is None
+    if vocab.mismatch_message(vocab.check_vocab(t.vocab, d.vocab)) is not None:
+        return False
+    try:
+        return vocab.mismatch_message(vocab.check_vocab(_texts(t, t_path), _texts(d, d_path))) is None
+    except SpecliError:  # the file changed or went away since it was listed
+        return False
 
 
 def drafts_for(target: Summary, target_path: str | None, models: list[LocalModel]) -> list[Pairing]:
@@ -181,7 +236,7 @@ def drafts_for(target: Summary, target_path: str | None, models: list[LocalModel
         s = m.summary
         if not m.ok or m.same_as or s.params <= 0 or s.params >= target.params or _file_key(m.path) == same:
             continue
-        if compatible(target, s):
+        if compatible(target, target_path, s, m.path):
             out.append(Pairing(m, target.params / s.params, bool(target.family) and
                                target.family.lower() == s.family.lower()))
     return sorted(out, key=lambda p: (not p.same_family, abs(math.log(p.ratio / IDEAL_RATIO)), p.draft.found.name))
