@@ -15,6 +15,7 @@ from specli.hardware.plan import Plan, available_ram, check_host_memory, make_pl
 from specli.prompt import build_prompt
 from specli.resolve import hub, models, profiles, vocab
 from specli.resolve.gguf_header import MTP_ARCHITECTURES, read_gguf, vocab_from_header
+from specli.resolve.local import draft_on_disk, profile_for
 from specli.resolve.profiles import ModelSpec, Profile
 from specli.speculate.adaptive import adaptive_drafter, lookup_drafter
 from specli.speculate.drafters import (
@@ -97,8 +98,7 @@ def choose_models(opts: Options, progress: Callable[[str], None] | None = None
     dspec: ModelSpec | None = None
     opts.drafter = opts.draft if opts.draft in ("none", "lookup", "mtp") else "model"
     if opts.draft == "auto":
-        local = opts.target if opts.target and os.path.exists(os.path.expanduser(opts.target)) else None
-        prof = prof or (profiles.for_target(opts.target, local) if opts.target else None)
+        prof = prof or (profile_for(opts.target, notes) if opts.target else None)
         opts.drafter, dspec = _auto_draft(tspec, prof, notes)
     elif opts.draft == "mtp":
         th = models.header_of_spec(tspec)
@@ -124,14 +124,19 @@ def _no_mtp(ref: str, th) -> str:
 
 def _auto_draft(tspec: ModelSpec, prof: Profile | None, notes: list[str]) -> tuple[str, ModelSpec | None]:
     """``--draft auto``: the target's own MTP layers when it has them, then a compatible draft
-    model (the profile's, else the smallest compatible GGUF of its family on the Hub), then
-    prompt lookup. Each choice is one line on stderr."""
+    model already on disk (local.draft_on_disk), then the profile's, else the smallest
+    compatible GGUF of its family on the Hub, then prompt lookup. Each choice is one line on
+    stderr."""
     th = models.header_of_spec(tspec)
     if th.mtp_usable:
         notes.append(f"--draft auto: the target's own MTP layers ({th.mtp_layers}), with prompt lookup")
         return "mtp", None
     if th.mtp_layers or (prof and prof.wants_mtp) or th.architecture in MTP_ARCHITECTURES:
         notes.append(f"note: {_no_mtp(os.path.basename(tspec.ref), th)}; looking for a draft model instead")
+    if not (prof and prof.drafts and not prof.draft_models):  # unless the profile asks for lookup
+        dspec = draft_on_disk(tspec, th, prof, notes.append)
+        if dspec:
+            return "model", dspec
     if prof and prof.draft_models:
         dspec = prof.draft_models[0]
         notes.append(f"--draft auto: {dspec.ref} (profile {prof.name}), hybrid with prompt lookup")

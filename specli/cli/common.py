@@ -116,9 +116,11 @@ def given_options(click_ctx: typer.Context) -> set[str]:
     return {p for p in DEFAULTS if typed(p)}
 
 
-TARGET_HELP = "Target model: a GGUF path, org/repo:QUANT on the Hub, pypi:NAME, or a profile name."
+TARGET_HELP = ("Target model: a GGUF path, org/repo:QUANT on the Hub, ollama:NAME[:TAG], lmstudio:PUBLISHER/REPO, "
+               "pypi:NAME, or a profile name (specli models lists what is on disk).")
 DRAFT_HELP = ("Draft: a model reference (as for --target), 'mtp' (the target's own MTP layers), 'lookup' "
-              "(prompt lookup), 'auto' (MTP, else a draft model, else lookup) or 'none' (plain).")
+              "(prompt lookup), 'auto' (MTP, else a draft model on disk or from a profile or the Hub, else lookup) "
+              "or 'none' (plain).")
 # the model options run, chat and bench share
 TARGET_OPTION = typer.Option(None, "--target", "-m", help=TARGET_HELP)
 PROFILE_OPTION = typer.Option(None, "--profile", "-P", help="A target/draft pair (specli profiles).")

