@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable
 
+from specli.constrain import Constraint, ForcedDrafter
 from specli.engine import Context, ContextConfig, Model
 from specli.errors import SpecliError
 from specli.hardware import calibrate
@@ -292,9 +293,14 @@ class Session:
         return toks
 
     def generate(self, prompt: list[int], params: SamplingParams, max_tokens: int,
-                 drafter: Drafter | None = None, exact_prefill: bool = False) -> Response:
-        return generate(self.ctx, prompt, drafter or self.drafter, params, max_tokens, self.opts.spec.draft_max,
-                        exact_prefill)
+                 drafter: Drafter | None = None, exact_prefill: bool = False,
+                 constraint: Constraint | None = None) -> Response:
+        """Generate with the session's drafter (or ``drafter``); under a ``constraint`` a
+        speculating drafter also drafts the tokens the grammar forces (:class:`ForcedDrafter`)."""
+        d = drafter or self.drafter
+        if constraint is not None and d.name != "none" and not isinstance(d, ForcedDrafter):
+            d = ForcedDrafter(d)
+        return generate(self.ctx, prompt, d, params, max_tokens, self.opts.spec.draft_max, exact_prefill, constraint)
 
     def plain_rate_estimate(self) -> float | None:
         """Tokens/s plain decoding would have reached here: the controller's measured cost of a

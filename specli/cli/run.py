@@ -42,6 +42,8 @@ Examples:
   specli run --target qwen2.5-coder-1.5b-instruct-q4_k_m --draft lookup --file edit_request.txt --stats
 
   specli run --target model.gguf --draft none --prompt "Hello" --json
+
+  specli run --profile default --json-schema person.schema.json --prompt "Extract: Ada Lovelace, 36"
 """
 
 
@@ -74,8 +76,16 @@ def run(
     system: Optional[str] = typer.Option(None, "--system", help="System prompt (with --chat)."),
     stats: bool = typer.Option(False, "--stats", help="Print a one-line summary to stderr."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the text and stats."),
+    json_schema: Optional[str] = typer.Option(None, "--json-schema", metavar="FILE",
+                                              help="Constrain the output to this JSON schema (a .json file)."),
+    regex: Optional[str] = typer.Option(None, "--regex", metavar="RE",
+                                        help="Constrain the output to match this regular expression."),
+    grammar: Optional[str] = typer.Option(None, "--grammar", metavar="FILE",
+                                          help="Constrain the output to this grammar: GBNF (llama.cpp's), "
+                                               "or Lark when the file ends in .lark."),
 ):
     """Generate from a prompt on standard input; text streams to standard output."""
+    from specli.constrain import from_options
     from specli.session import Options, Session
     from specli.speculate.settings import SpecSettings
     from specli.speculate.verify import SamplingParams
@@ -86,13 +96,14 @@ def run(
     if plan:
         print_plan(opts)
         return
+    constraint = from_options(json_schema, regex, grammar)
     text = read_prompt(prompt, file)
     sess = Session(opts, progress=err)
     toks = sess.prompt_tokens(text, chat, system)
     for note in opts.notes:
         err(note)
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, seed=seed)
-    resp = sess.generate(toks, params, max_tokens)
+    resp = sess.generate(toks, params, max_tokens, constraint=constraint)
     st = resp.stats
     pieces: list[str] = []
     out_tokens: list[int] = []

@@ -80,6 +80,11 @@ class AdaptiveDrafter(Drafter):
     def begin(self, prompt: Sequence[int], max_tokens: int | None) -> None:
         self._end = None if max_tokens is None else len(prompt) + max_tokens
 
+    def constrain(self, guide) -> None:
+        self.guide = guide
+        if self.model is not None:
+            self.model.constrain(guide)
+
     def propose(self, context: Sequence[int], max_len: int) -> Draft:
         cands: dict[Source, int] = {}
         look: list[int] = []

@@ -22,7 +22,8 @@ from specli.tokens import common_prefix
 
 @dataclass(frozen=True)
 class Source:
-    """Which drafter made a draft: ``kind`` is "none", "lookup", "model" or "mtp"; lookup's
+    """Which drafter made a draft: ``kind`` is "none", "lookup", "model", "mtp" or "forced"
+    (tokens a constraint's grammar forces, :mod:`specli.constrain`); lookup's
     acceptance is learned per ``bucket`` of its match (see :func:`lookup_key`)."""
 
     kind: str
@@ -31,7 +32,7 @@ class Source:
     @property
     def free(self) -> bool:
         """Drafting costs (almost) nothing: no model runs."""
-        return self.kind in ("none", "lookup")
+        return self.kind in ("none", "lookup", "forced")
 
     def __str__(self) -> str:
         return f"{self.kind}:{BUCKET_NAMES.get(self.bucket, self.bucket)}" if self.bucket else self.kind
@@ -75,9 +76,16 @@ class Drafter:
     """The contract every drafter follows; ``observe`` and ``close`` do nothing by default."""
 
     name = "none"
+    guide = None  # the answer's constraint state, when it has one (see constrain)
 
     def begin(self, prompt: Sequence[int], max_tokens: int | None) -> None:
         """Before an answer: its prompt and the most tokens it may take (None: no cap)."""
+
+    def constrain(self, guide) -> None:
+        """Before an answer: its constraint's grammar state (a :class:`specli.constrain.Guide`,
+        or None). The loop clips every draft to what the grammar allows; a model drafter
+        drafts under the grammar too (:func:`greedy_drafts`), so its drafts are not cut."""
+        self.guide = guide
 
     def propose(self, context: Sequence[int], max_len: int) -> Draft:
         raise NotImplementedError
@@ -98,14 +106,20 @@ def row_top(row: np.ndarray) -> tuple[int, float]:
 
 def greedy_drafts(first_row, step: Callable[[int], object], max_len: int, is_eog: Callable[[int], bool],
                   p_min: float, keep_going: Callable[[int, float, list[int]], bool] | None = None,
-                  top: Callable[[object], tuple[int, float]] = row_top) -> tuple[list[int], list[float], int]:
+                  top: Callable[[object], tuple[int, float]] = row_top,
+                  guide=None) -> tuple[list[int], list[float], int]:
     """A model's greedy draft: from the logits ``first_row``, take the argmax, feed it with
     ``step(token) -> next row``, and so on. Before adding token i (0-based) with top probability
     p, stop if p < p_min (never before the first) or ``keep_going(i, p, tokens so far)`` says
     it no longer pays; before the pass that would show token i (i > 0), stop if
     ``keep_going(i, None, tokens so far)`` says even looking does not pay. Returns the tokens
     and their top probabilities, and the passes made (``step`` calls). ``top`` reads a row's
-    argmax and its probability (the replay hands recorded (token, p) pairs instead of logits)."""
+    argmax and its probability (the replay hands recorded (token, p) pairs instead of logits).
+    Under a constraint's ``guide``, each row is masked by the grammar after the tokens drafted
+    so far (the draft model's own constrained greedy choice), and the grammar is left as it was."""
+    if guide is not None:
+        return guide.drafting(lambda g_top, g_step: greedy_drafts(first_row, g_step, max_len, is_eog, p_min,
+                                                                  keep_going, g_top), top, step)
     toks: list[int] = []
     conf: list[float] = []
     passes = 0
@@ -256,7 +270,7 @@ class ModelDrafter(Drafter):
         row = ctx.eval(list(context[kept:]))[0]
         ctx.mark(across_decodes=True)  # a recurrent draft model rolls its drafts back to here
         toks, conf, passes = greedy_drafts(row, lambda t: ctx.eval([t])[0], max_len, self.model.is_eog, p_min,
-                                           keep_going)
+                                           keep_going, guide=self.guide)
         return Draft(toks, MODEL, conf, len(context) - kept, passes)
 
     def behind(self, context: Sequence[int]) -> int:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import codecs
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from specli.constrain import Constraint, Guide
 from specli.engine import Context, Model
 from specli.errors import PromptTooLong, SpecliError
 from specli.speculate.drafters import Draft, Drafter, Source
@@ -156,7 +157,8 @@ def cut_at_eog(model: Model, tokens: list[int], flags: list[bool]) -> tuple[list
 
 
 def generate(target: Context, prompt: Sequence[int], drafter: Drafter, params: SamplingParams,
-             max_tokens: int = 256, draft_max: int = DEFAULTS.draft_max, exact_prefill: bool = False) -> Response:
+             max_tokens: int = 256, draft_max: int = DEFAULTS.draft_max, exact_prefill: bool = False,
+             constraint: Constraint | None = None) -> Response:
     """Generate up to ``max_tokens`` after ``prompt``, speculating with ``drafter``.
 
     The target's cache is reused for the longest common prefix with what it already holds
@@ -164,7 +166,10 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter, params: S
     of the drafter at each step (an adaptive drafter may take fewer). ``exact_prefill``: reuse
     only whole batches of the prompt, so the rest is evaluated in the same blocks as on an
     empty cache (a quantised model's CPU logits move with the block shape; a server answering
-    a repeated prompt then says exactly what a fresh run says).
+    a repeated prompt then says exactly what a fresh run says). ``constraint``: the output
+    must match it (a JSON schema, a regular expression, a grammar): the target's logits are
+    masked by the grammar at every position, drafts are cut where the grammar refuses them,
+    and the answer ends ("stop") when the grammar is complete.
     """
     prompt = list(prompt)
     if not prompt:
@@ -172,19 +177,22 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter, params: S
     check_prompt_fits(len(prompt), target.n_ctx)
     st = Stats(mode=drafter.name)
     align = target.n_batch if exact_prefill else 1
-    return Response(_decode(target, prompt, drafter, params, max_tokens, draft_max, st, align), st)
+    guide = constraint.guide(target.model) if constraint is not None else None
+    return Response(_decode(target, prompt, drafter, params, max_tokens, draft_max, st, align, guide), st)
 
 
 def _decode(target: Context, prompt: list[int], drafter: Drafter, params: SamplingParams,
-            max_tokens: int, draft_max: int, st: Stats, align: int) -> Iterator[Chunk]:
+            max_tokens: int, draft_max: int, st: Stats, align: int, guide: Guide | None) -> Iterator[Chunk]:
     model = target.model
     rng = np.random.default_rng(params.seed)
     detok = _Detok(model.piece)
     t0 = time.perf_counter()
     drafter.begin(prompt, max_tokens)
+    drafter.constrain(guide)
     kept = target.sync(prompt, align)
     st.prompt_tokens, st.prompt_tokens_cached = len(prompt), kept
-    _, tok = accept([], target.eval(prompt[kept:]), params, rng)
+    _, tok = accept([], target.eval(prompt[kept:]), params, rng, guide.masks([]) if guide else None)
+    done = guide is not None and guide.settle([tok]) > 0 and guide.stopped
     t1 = time.perf_counter()
     st.t_prefill += t1 - t0
     context = prompt + [tok]  # every token so far; the last one is not in the target's cache yet
@@ -197,7 +205,7 @@ def _decode(target: Context, prompt: list[int], drafter: Drafter, params: Sampli
             st.generated += len(new) + eog
             if new:
                 yield Chunk(detok(new), new, flags)
-            if eog:
+            if eog or done:
                 st.stop = FINISH_STOP
                 break
             room = target.n_ctx - target.n_past - 1  # positions left after the pending token
@@ -211,16 +219,25 @@ def _decode(target: Context, prompt: list[int], drafter: Drafter, params: Sampli
             ta = time.perf_counter()
             draft = drafter.propose(context, k_max) if k_max > 0 else Draft([])
             d = draft.tokens[:k_max]
+            if guide is not None and d:  # a draft goes no further than the grammar allows
+                d = guide.clip(d)
+                if len(d) < len(draft.tokens):
+                    draft = replace(draft, tokens=d, confidence=draft.confidence[:len(d)])
             tb = time.perf_counter()
             # evaluate the pending token and the draft in one pass, accept, roll back the rest
             base = target.n_past
             if d:
                 target.mark()  # hybrid/recurrent targets without snapshots: a checkpoint to roll back to
-            n, nxt = accept(d, target.eval([tok] + d, "all" if d else "last"), params, rng)
+            n, nxt = accept(d, target.eval([tok] + d, "all" if d else "last"), params, rng,
+                            guide.masks(d) if guide else None)
             target.rollback(base + 1 + n)
             tc = time.perf_counter()
             # observe
             new, flags = d[:n] + [nxt], [True] * n + [False]
+            if guide is not None:  # the grammar follows what was kept; a complete one ends the answer
+                counted = guide.settle(new)
+                done = guide.stopped
+                new, flags = new[:counted], flags[:counted]
             drafter.observe(draft, n, new, tb - ta, tc - tb)
             st.record_step(draft.source, len(d), n, tb - ta, tc - tb)
             context.extend(new)

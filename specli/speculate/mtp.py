@@ -110,7 +110,8 @@ class MTPDrafter(Drafter, DecodeListener):
 
         try:
             first = step(int(context[-1]), self.hidden(pos0 - 1))
-            toks, conf, passes = greedy_drafts(first, step, max_len, self.target.model.is_eog, p_min, keep_going)
+            toks, conf, passes = greedy_drafts(first, step, max_len, self.target.model.is_eog, p_min, keep_going,
+                                               guide=self.guide)
         finally:
             ctx.rollback(pos0)  # the verify pass feeds the real rows for these positions
         return Draft(toks, MTP, conf, passes=passes)

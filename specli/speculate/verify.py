@@ -15,8 +15,6 @@ from typing import Sequence
 
 import numpy as np
 
-from specli.tokens import common_prefix
-
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -80,7 +78,9 @@ def sample(p: np.ndarray, rng: np.random.Generator) -> int:
 def greedy_accept(draft: Sequence[int], target_argmax: Sequence[int]) -> tuple[int, int]:
     """``target_argmax[i]`` is the target's token after the context plus ``draft[:i]``
     (len(draft) + 1 entries). Returns (number of drafted tokens accepted, the target's next token)."""
-    n = common_prefix(draft, target_argmax)
+    n = 0  # read in order and no further than needed (the rows may be computed on demand)
+    while n < len(draft) and draft[n] == target_argmax[n]:
+        n += 1
     return n, int(target_argmax[n])
 
 
@@ -88,13 +88,14 @@ def speculative_accept(draft: Sequence[int], p: np.ndarray, q: np.ndarray | None
                        rng: np.random.Generator) -> tuple[int, int]:
     """Rejection sampling over one verified block.
 
-    ``p``: (k+1, V) target probabilities after context + draft[:i]; ``q``: (k, V) draft
+    ``p``: (k+1, V) target probabilities after context + draft[:i] (rows read in order, as
+    far as needed); ``q``: (k, V) draft
     probabilities the tokens were drawn from, or None for a deterministic drafter (point mass).
     Returns (number of drafted tokens accepted, the next token: a correction or the bonus token).
     """
     for i, x in enumerate(draft):
-        px = p[i, x]
-        qx = 1.0 if q is None else q[i, x]
+        px = p[i][x]
+        qx = 1.0 if q is None else q[i][x]
         if qx > 0 and rng.random() * qx < px:  # accept with probability min(1, px/qx)
             continue
         if q is None:
@@ -108,15 +109,37 @@ def speculative_accept(draft: Sequence[int], p: np.ndarray, q: np.ndarray | None
     return len(draft), sample(p[len(draft)], rng)
 
 
+class _Rows:
+    """``f(rows[i], allowed[i])`` for each position, computed when first read, in order: the
+    rule stops at the first rejection, and a constraint's masks past it are never computed."""
+
+    def __init__(self, rows: Sequence[np.ndarray], allowed: Sequence[np.ndarray] | None, f):
+        self.rows, self.allowed, self.f, self.done = rows, allowed, f, {}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int):
+        if i not in self.done:
+            row = self.rows[i]
+            if self.allowed is not None:
+                row = np.where(self.allowed[i], row, -np.inf)
+            self.done[i] = self.f(row)
+        return self.done[i]
+
+
 def accept(draft: Sequence[int], rows: Sequence[np.ndarray], params: SamplingParams,
-           rng: np.random.Generator) -> tuple[int, int]:
+           rng: np.random.Generator, allowed: Sequence[np.ndarray] | None = None) -> tuple[int, int]:
     """The acceptance decision for one verified block, the only place it is made (the first
     token after a prompt is the block with no draft). ``rows[i]``: the target's logits after
     the context plus ``draft[:i]`` (len(draft) + 1 rows). Greedy: the longest prefix that
     matches the target's argmax; sampling: rejection sampling over the distribution plain
     sampling would draw from (drafts are deterministic: a point mass per token).
+    ``allowed[i]``: a constraint's boolean mask at that position (the tokens its grammar
+    allows after the context plus ``draft[:i]``): the target's logits are masked first, so
+    its argmax, and the distribution sampled from, are those of plain constrained decoding
+    (a drafted token is one the grammar allows, so its point mass is masked already).
     Returns (number of drafted tokens accepted, the target's next token)."""
     if params.greedy:
-        return greedy_accept(draft, [int(r.argmax()) for r in rows])
-    p = np.stack([probs_from_logits(r, params) for r in rows])
-    return speculative_accept(draft, p, None, rng)
+        return greedy_accept(draft, _Rows(rows, allowed, lambda r: int(r.argmax())))
+    return speculative_accept(draft, _Rows(rows, allowed, lambda r: probs_from_logits(r, params)), None, rng)

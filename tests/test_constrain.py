@@ -1,0 +1,332 @@
+"""Constrained decoding (llguidance) stays lossless: on tiny f32 models, greedy constrained output
+with any drafter is token for token plain constrained output, and valid; at T > 0 the tokens
+follow the target's masked distribution (chi-square); rejected drafts roll the grammar back."""
+
+import json
+import re
+from collections import Counter
+
+import numpy as np
+import pytest
+from clihelp import specli
+from test_engine_exact import CFG, PROMPTS, _grounded_prompt
+from test_verify import chi2_critical, chi2_stat
+
+from specli.constrain import FORCED, Constraint, ForcedDrafter, from_options
+from specli.engine import Context, Model
+from specli.errors import SpecliError
+from specli.speculate.adaptive import adaptive_drafter, lookup_drafter
+from specli.speculate.drafters import Draft, Drafter, LookupDrafter, ModelDrafter, NoDrafter
+from specli.speculate.loop import generate
+from specli.speculate.settings import SpecSettings
+from specli.speculate.verify import SamplingParams, probs_from_logits
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "role": {"enum": ["admin", "editor", "viewer"]},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3},
+    },
+    "required": ["name", "age", "role", "tags"],
+    "additionalProperties": False,
+}
+EMAIL = r"[a-z]{2,8}\.[a-z]{2,8}@(example|test)\.(com|org)"
+# a cheap verify curve (a block of k+1 tokens costs 1 + k/10 of one): the controller drafts
+CHEAP_VERIFY = [1.0 + k / 10 for k in range(17)]
+
+
+@pytest.fixture(scope="module")
+def tm(tiny_target):
+    m = Model(tiny_target)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def dm(tiny_draft):
+    m = Model(tiny_draft)
+    yield m
+    m.close()
+
+
+def run(tm, prompt, drafter, constraint, k=6, params=SamplingParams(), n=120, ctx=None):
+    ctx = ctx or Context(tm, CFG)
+    resp = generate(ctx, prompt, drafter, params, max_tokens=n, draft_max=k, constraint=constraint)
+    toks = [t for ch in resp for t in ch.tokens]
+    return toks, resp.stats
+
+
+def drafters(dm):
+    """Every kind of drafter, fresh: (label, drafter)."""
+    s = SpecSettings(draft_max=6)
+    return [
+        ("lookup", LookupDrafter()),
+        ("model", ModelDrafter(dm, CFG, p_min=0.0)),
+        ("hybrid", adaptive_drafter(s, CHEAP_VERIFY, 0.01, lookup_drafter(s), ModelDrafter(dm, CFG, p_min=0.0))),
+        ("forced", ForcedDrafter(NoDrafter())),
+        ("hybrid+forced", ForcedDrafter(adaptive_drafter(s, CHEAP_VERIFY, 0.01, lookup_drafter(s),
+                                                         ModelDrafter(dm, CFG, p_min=0.0)))),
+    ]
+
+
+# -- the constraint itself, no model --------------------------------------------------------
+
+@pytest.mark.parametrize("c", [Constraint.json_schema(SCHEMA), Constraint.json_object(), Constraint.regex(EMAIL),
+                               Constraint.lark('start: "yes" | "no"'), Constraint.gbnf('root ::= "yes" | "no"'),
+                               Constraint.lark('start: "call " %json {"type": "object"}')])
+def test_valid_constraints_check(c):
+    c.check()
+
+
+@pytest.mark.parametrize("make, msg", [
+    (lambda: Constraint.regex("a(b"), "invalid regular expression: "),
+    (lambda: Constraint.lark("start: foo"), "invalid Lark grammar: "),
+    (lambda: Constraint.gbnf("root ::= foo"), "invalid GBNF grammar: "),
+    (lambda: Constraint.json_schema("{not json"), "not valid JSON"),
+    (lambda: Constraint.json_schema("[1, 2]"), "a JSON schema is an object"),
+    (lambda: Constraint.json_schema({"type": "object", "properties": {"a": {"type": "nosuchtype"}}}),
+     "invalid JSON schema: "),
+])
+def test_invalid_constraints_are_one_line_errors(make, msg):
+    with pytest.raises(SpecliError, match=re.escape(msg)) as e:
+        make().check()
+    assert "\n" not in str(e.value)
+
+
+def test_from_options(tmp_path):
+    assert from_options() is None
+    assert from_options(regex="a+") == Constraint.regex("a+")
+    (tmp_path / "s.json").write_text(json.dumps(SCHEMA))
+    assert from_options(json_schema=str(tmp_path / "s.json")).kind == "json_schema"
+    (tmp_path / "g.lark").write_text('start: "x"')
+    (tmp_path / "g.gbnf").write_text('root ::= "x"')
+    assert from_options(grammar=str(tmp_path / "g.lark")).kind == "lark"
+    assert from_options(grammar=str(tmp_path / "g.gbnf")).kind == "gbnf"
+    with pytest.raises(SpecliError, match="exclude each other"):
+        from_options(regex="a", grammar=str(tmp_path / "g.lark"))
+    with pytest.raises(SpecliError, match="file not found"):
+        from_options(json_schema=str(tmp_path / "missing.json"))
+
+
+# -- the loop, on tiny f32 models ----------------------------------------------------------
+
+def test_plain_constrained_output_is_valid_and_masked(tm):
+    """Without speculation: the schema holds, and the tokens are not the unconstrained ones
+    (the mask is applied)."""
+    prompt = tm.tokenize(PROMPTS[0])
+    free, _ = run(tm, prompt, NoDrafter(), None, n=40)
+    toks, st = run(tm, prompt, NoDrafter(), Constraint.json_schema(SCHEMA))
+    assert st.stop == "stop"
+    obj = json.loads(tm.detokenize(toks))
+    assert set(obj) == set(SCHEMA["properties"]) and obj["role"] in ("admin", "editor", "viewer")
+    assert toks[:5] != free[:5]
+
+
+@pytest.mark.parametrize("constraint", [Constraint.json_schema(SCHEMA), Constraint.regex(EMAIL)],
+                         ids=["schema", "regex"])
+def test_greedy_speculation_under_a_constraint_is_plain_constrained(tm, dm, constraint):
+    drafted = Counter()
+    accepted = Counter()
+    for text in PROMPTS[:4]:
+        prompt = _grounded_prompt(tm, text)
+        plain, pst = run(tm, prompt, NoDrafter(), constraint)
+        out = tm.detokenize(plain)
+        if constraint.kind == "regex":
+            assert re.fullmatch(constraint.source, out), out
+        else:
+            json.loads(out)
+        assert pst.stop == "stop"
+        for label, d in drafters(dm):
+            spec, st = run(tm, prompt, d, constraint)
+            assert spec == plain, (label, text)
+            assert st.stop == "stop" and st.generated == pst.generated, label
+            drafted[label] += st.drafted
+            accepted[label] += st.accepted
+            d.close()
+    for label in ("model", "hybrid", "forced", "hybrid+forced"):
+        assert drafted[label] > 0, (label, drafted)
+    # forced tokens are mostly right; drafts were kept and rejected: both paths ran
+    assert accepted["forced"] > 0.5 * drafted["forced"], (accepted, drafted)
+    assert accepted["model"] > 0 and sum(accepted.values()) < sum(drafted.values()), (accepted, drafted)
+
+
+def test_forced_tokens_are_drafted_and_learned(tm, dm):
+    prompt = tm.tokenize(PROMPTS[2])
+    s = SpecSettings(draft_max=8)
+    d = ForcedDrafter(adaptive_drafter(s, CHEAP_VERIFY, 0.01, lookup_drafter(s), None))
+    toks, st = run(tm, prompt, d, Constraint.json_schema(SCHEMA), k=8)
+    plain, _ = run(tm, prompt, NoDrafter(), Constraint.json_schema(SCHEMA))
+    assert toks == plain
+    assert st.drafted_by_source.get("forced", 0) >= 4
+    assert d.inner.ctl.sources[FORCED].f_n > 2  # its acceptance is learned like any source's
+    assert d.name == "lookup+forced" and st.mode == "lookup+forced"
+
+
+class Misleading(Drafter):
+    """Drafts tokens the grammar allows but the target would not pick: the lowest-numbered
+    allowed token, then the next allowed after it. Every draft is rejected."""
+
+    name = "misleading"
+
+    def constrain(self, guide):
+        self.guide = guide
+
+    def propose(self, context, max_len):
+        g = self.guide
+        first = int(np.flatnonzero(g.allowed())[0])
+        g.m.consume_token(first)
+        second = int(np.flatnonzero(g.allowed())[0])
+        g.m.rollback(1)
+        return Draft([first, second][:max_len], FORCED)
+
+
+def test_rejected_drafts_roll_the_grammar_back(tm):
+    c = Constraint.json_schema(SCHEMA)
+    prompt = tm.tokenize(PROMPTS[1])
+    plain, _ = run(tm, prompt, NoDrafter(), c)
+    toks, st = run(tm, prompt, Misleading(), c)
+    assert toks == plain and st.drafted > 10 and st.accepted < st.drafted
+
+
+def test_guide_masks_consume_and_settle_rolls_back(tm):
+    c = Constraint.json_schema(SCHEMA)
+    ref = c.guide(tm)
+    g = c.guide(tm)
+    forced = g.forced(8)
+    assert forced and tm.detokenize(forced).startswith('{"name')
+    g.m.consume_tokens(forced)
+    after = np.flatnonzero(g.allowed())  # the name's first token: a free choice
+    g.m.rollback(len(forced))
+    assert len(after) > 2
+    d = g.clip(forced + [int(after[0]), tm.eos])  # the end is not allowed there: cut
+    assert d == forced + [int(after[0])]
+    m = g.masks(d)
+    assert m[len(d)].sum() > 0 and len(g._ahead) == len(d)  # reading the last mask consumed the draft
+    # the target kept all but the last drafted token and chose its own instead
+    alt = int(after[1])
+    assert m[len(forced)][alt]
+    assert g.settle(forced + [alt]) == len(forced) + 1
+    ref.m.consume_tokens(forced + [alt])
+    assert np.array_equal(g.allowed(), ref.allowed())
+    assert g.forced(8) == ref.forced(8)
+    # and the check has teeth: a state one token further on differs
+    ref.m.consume_token(int(np.flatnonzero(ref.allowed())[0]))
+    assert not np.array_equal(g.allowed(), ref.allowed())
+
+
+def test_grammar_completion_ends_with_stop(tm, dm):
+    c = Constraint.lark('start: "The answer is " ("yes" | "no") "."')
+    prompt = tm.tokenize(PROMPTS[0])
+    for d in (NoDrafter(), ForcedDrafter(NoDrafter()), ModelDrafter(dm, CFG, p_min=0.0)):
+        toks, st = run(tm, prompt, d, c, n=50)
+        assert st.stop == "stop" and tm.detokenize(toks) in ("The answer is yes.", "The answer is no.")
+    toks, st = run(tm, prompt, ForcedDrafter(NoDrafter()), c, n=50)
+    assert st.drafted >= 3 and st.steps < len(toks)  # the forced text went through in blocks
+
+
+def exact_masked_joint(ctx, prompt, params, constraint):
+    """The exact distribution of the first three constrained tokens (a sequence ending early
+    at an end of generation is its own outcome), from the target's logits masked by the
+    grammar at each position."""
+    model = ctx.model
+    g = constraint.guide(model)
+
+    ctx.clear()
+    first = ctx.eval(list(prompt))[0].copy()
+
+    def probs(prefix):
+        ctx.rollback(len(prompt))
+        row = ctx.eval(prefix)[0] if prefix else first
+        return probs_from_logits(np.where(g.allowed(), row, -np.inf), params)
+
+    exact = {}
+
+    def walk(prefix, p):
+        if len(prefix) == 3:
+            exact[tuple(prefix)] = p
+            return
+        dist = probs(prefix)
+        for t in np.nonzero(dist)[0]:
+            t = int(t)
+            if model.is_eog(t):
+                exact[tuple(prefix)] = exact.get(tuple(prefix), 0.0) + p * dist[t]
+                continue
+            g.m.consume_token(t)
+            walk(prefix + [t], p * dist[t])
+            g.m.rollback(1)
+
+    walk([], 1.0)
+    return exact
+
+
+def test_sampling_under_a_constraint_follows_the_masked_distribution(tm, dm):
+    """Joint distribution of the first three tokens under speculative sampling with a grammar
+    equals the target's masked distribution (chi-square). Masking skipped, or top-k taken
+    before the mask, puts mass on other sequences and fails."""
+    c = Constraint.regex(r"[^eE]{1,60}")
+    params = SamplingParams(temperature=1.5, top_k=6)
+    prompt = tm.tokenize(PROMPTS[0])
+    exact = exact_masked_joint(Context(tm, CFG), prompt, params, c)
+    keys = list(exact)
+    probs = np.array([exact[k] for k in keys])
+    assert abs(probs.sum() - 1) < 1e-9
+    n = 3000
+    drafter = ModelDrafter(dm, CFG, p_min=0.0)
+    counts = Counter()
+    gen = Context(tm, CFG)
+    drafted = accepted = 0
+    for seed in range(n):
+        resp = generate(gen, prompt, drafter, SamplingParams(1.5, 6, 1.0, seed), 3, 2, constraint=c)
+        counts[tuple(t for ch in resp for t in ch.tokens)] += 1
+        drafted += resp.stats.drafted
+        accepted += resp.stats.accepted
+    assert set(counts) <= set(keys), set(counts) - set(keys)
+    stat, dof = chi2_stat(np.array([counts[k] for k in keys], float), probs)
+    assert stat < chi2_critical(dof), (stat, dof)
+    assert 0 < accepted < drafted
+
+
+# -- the CLI -------------------------------------------------------------------------------
+
+GREEDY = ["--raw", "--max-tokens", "120", "--temp", "0"]
+
+
+def test_cli_json_schema_prints_the_plain_constrained_output(tmp_path, tiny_target, tiny_draft):
+    schema = tmp_path / "person.json"
+    schema.write_text(json.dumps(SCHEMA))
+    outs = {}
+    for draft in ("none", tiny_draft, "lookup"):
+        rc, out, err = specli("run", "--target", tiny_target, "--draft", draft, *GREEDY, "--json-schema", str(schema),
+                              "--json", "--prompt", "Extract the person: Ada, 36, admin")
+        assert rc == 0, err
+        d = json.loads(out)
+        assert d["finish_reason"] == "stop"
+        outs[draft] = d["tokens"]
+        obj = json.loads(d["text"])
+        assert set(obj) == set(SCHEMA["properties"])
+    assert outs["none"] == outs[tiny_draft] == outs["lookup"]
+    rc, out, err = specli("run", "--target", tiny_target, "--draft", "lookup", *GREEDY, "--regex", EMAIL,
+                          "--prompt", "An email address:")
+    assert rc == 0, err
+    assert re.fullmatch(EMAIL, out.strip()), out
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--regex", "a(b"], "invalid regular expression: "),
+    (["--grammar", "{tmp}/bad.gbnf"], "invalid GBNF grammar: "),
+    (["--grammar", "{tmp}/bad.lark"], "invalid Lark grammar: "),
+    (["--json-schema", "{tmp}/bad.json"], "not valid JSON"),
+    (["--json-schema", "{tmp}/missing.json"], "file not found"),
+    (["--regex", "a", "--json-schema", "{tmp}/bad.json"], "exclude each other"),
+])
+def test_cli_bad_constraints_are_one_line_errors(tmp_path, tiny_target, args, msg):
+    (tmp_path / "bad.gbnf").write_text("root ::= missing_rule")
+    (tmp_path / "bad.lark").write_text("start: missing_rule")
+    (tmp_path / "bad.json").write_text("{nope")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    rc, out, err = specli("run", "--target", tiny_target, "--draft", "none", "--prompt", "x", *args)
+    assert rc != 0 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specli: error: ") and msg in lines[0], err
