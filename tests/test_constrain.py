@@ -129,7 +129,7 @@ def test_plain_constrained_output_is_valid_and_masked(tm):
 def test_greedy_speculation_under_a_constraint_is_plain_constrained(tm, dm, constraint):
     drafted = Counter()
     accepted = Counter()
-    for text in PROMPTS[:4]:
+    for text in PROMPTS[:3]:
         prompt = _grounded_prompt(tm, text)
         plain, pst = run(tm, prompt, NoDrafter(), constraint)
         out = tm.detokenize(plain)
@@ -272,7 +272,7 @@ def test_sampling_under_a_constraint_follows_the_masked_distribution(tm, dm):
     keys = list(exact)
     probs = np.array([exact[k] for k in keys])
     assert abs(probs.sum() - 1) < 1e-9
-    n = 3000
+    n = 1500
     drafter = ModelDrafter(dm, CFG, p_min=0.0)
     counts = Counter()
     gen = Context(tm, CFG)
@@ -330,3 +330,35 @@ def test_cli_bad_constraints_are_one_line_errors(tmp_path, tiny_target, args, ms
     assert rc != 0 and out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("specli: error: ") and msg in lines[0], err
+
+
+# -- the real pair -------------------------------------------------------------------------
+
+@pytest.mark.real
+def test_real_pair_json_schema_is_plain_constrained(real_model, tmp_path):
+    """`specli run --profile default --json-schema` prints valid JSON, the plain constrained
+    output (--draft none), or parts from it only at a near-tie (batched quantised numerics)."""
+    from specli.engine import ContextConfig
+    from specli.measure.lossless import divergence
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "company": {"type": "string"},
+                                               "city": {"type": "string"}, "email": {"type": "string"}},
+              "required": ["name", "company", "city", "email"], "additionalProperties": False}
+    (tmp_path / "s.json").write_text(json.dumps(schema))
+    prompt = ("Extract the contact as JSON.\n\nBest regards,\nMargaret Okonkwo-Hale\nNorthwind Logistics GmbH, "
+              "Hamburg\nmargaret.okonkwo-hale@northwind-logistics.example\n")
+    outs = {}
+    for draft in ("none", "auto"):
+        rc, out, err = specli("run", "--profile", "default", "--draft", draft, "--temp", "0", "-n", "120",
+                              "--json-schema", str(tmp_path / "s.json"), "--json", stdin=prompt)
+        assert rc == 0, err
+        outs[draft] = json.loads(out)
+        assert outs[draft]["finish_reason"] == "stop"
+        obj = json.loads(outs[draft]["text"])
+        assert set(obj) == set(schema["properties"]) and obj["email"].startswith("margaret")
+    plain, spec = outs["none"], outs["auto"]
+    assert spec["stats"]["drafted_by_source"].get("forced", 0) > 0
+    if plain["tokens"] != spec["tokens"]:
+        m = Model(real_model("qwen2.5-coder-1.5b-instruct-q4_k_m"))
+        d = divergence(Context(m, ContextConfig(n_ctx=1024)), plain["prompt_tokens"], plain["tokens"], spec["tokens"])
+        assert d is None or d.near_tie, d.describe()
