@@ -192,7 +192,7 @@ def main() -> int:
         sum(x["n"] for x in results["plain"][pid]) / sum(x["s"] for x in results["plain"][pid]))
         for pid, runs in results[m].items()} for m in all_modes}
 
-    report = {"target": sess.target.path, "draft": sess.draft_path, "threads": threads, "repeat": a.repeat,
+    report = {"command": "python " + " ".join(sys.argv), "target": sess.target.path, "draft": sess.draft_path, "threads": threads, "repeat": a.repeat,
               "max_tokens": a.max_tokens, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "summary": summary, "per_prompt_vs_plain": per_prompt, "checks": checks,
               "outputs": {pid: sess.target.detokenize(results["plain"][pid][0]["tokens"]) for pid in toks},
@@ -213,7 +213,7 @@ def render(rep: dict, prompts: list[dict]) -> str:
     lines = [f"Constrained decoding benchmark, {rep['when']}: {os.path.basename(rep['target'])}"
              + (f" with draft {os.path.basename(rep['draft'])}" if rep["draft"] else "")
              + f", {rep['threads']} threads, {len(prompts)} prompts x {rep['repeat']} rounds, greedy, "
-             f"up to {rep['max_tokens']} tokens, modes interleaved.", "",
+             f"up to {rep['max_tokens']} tokens, modes interleaved.", "", f"    {rep['command']}", "",
              "| mode | tokens | tok/s | vs plain | drafted | accepted |", "|---|---|---|---|---|---|"]
     for m in modes:
         s = rep["summary"][m]
