@@ -51,7 +51,7 @@ class Constraint:
             raise ValueError(f"unknown constraint kind {self.kind!r}")
 
     @classmethod
-    def json_schema(cls, schema: dict | str) -> "Constraint":
+    def json_schema(cls, schema: dict | str) -> Constraint:
         if isinstance(schema, str):
             try:
                 schema = json.loads(schema)
@@ -62,19 +62,19 @@ class Constraint:
         return cls("json_schema", json.dumps(schema))
 
     @classmethod
-    def json_object(cls) -> "Constraint":
+    def json_object(cls) -> Constraint:
         return cls("json_object", '{"type": "object"}')
 
     @classmethod
-    def regex(cls, pattern: str) -> "Constraint":
+    def regex(cls, pattern: str) -> Constraint:
         return cls("regex", pattern)
 
     @classmethod
-    def lark(cls, text: str) -> "Constraint":
+    def lark(cls, text: str) -> Constraint:
         return cls("lark", text)
 
     @classmethod
-    def gbnf(cls, text: str) -> "Constraint":
+    def gbnf(cls, text: str) -> Constraint:
         return cls("gbnf", text)
 
     def grammar(self) -> str:
@@ -101,7 +101,7 @@ class Constraint:
         if msg:
             raise SpecliError(f"invalid {self.label}: {_first_line(msg)}")
 
-    def guide(self, model) -> "Guide":
+    def guide(self, model) -> Guide:
         """A fresh grammar state for one generation on ``model`` (a :class:`specli.engine.Model`)."""
         m = LLMatcher(tokenizer_for(model), self.grammar(), log_level=0)
         if m.is_error():
@@ -113,10 +113,10 @@ def _first_line(msg: str) -> str:
     return next((ln.strip() for ln in msg.splitlines() if ln.strip()), msg.strip()) or "rejected by llguidance"
 
 
-_tokenizers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_tokenizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def tokenizer_for(model) -> "llguidance.LLTokenizer":
+def tokenizer_for(model) -> llguidance.LLTokenizer:
     """llguidance's tokenizer for a loaded model, built from its llama.cpp vocabulary once
     (about a second) and kept as long as the model. Every end-of-generation token ends a
     constrained answer where the grammar allows an end."""
@@ -138,7 +138,7 @@ class Guide:
     draft as far as asked), :meth:`settle` then rolls back what the target rejected and
     consumes what it emitted."""
 
-    def __init__(self, matcher: "LLMatcher", n_vocab: int):
+    def __init__(self, matcher: LLMatcher, n_vocab: int):
         self.m = matcher
         self.n_vocab = n_vocab
         self._bits = np.zeros(((n_vocab + 31) // 32,), dtype=np.int32)
@@ -174,7 +174,7 @@ class Guide:
             self.m.rollback(n)
         return d[:n]
 
-    def masks(self, draft: Sequence[int]) -> "_Masks":
+    def masks(self, draft: Sequence[int]) -> _Masks:
         """The allowed tokens after the emitted tokens plus ``draft[:i]``, for i = 0..len(draft)
         (``draft`` must be clipped), computed as the verify rule asks for them."""
         return _Masks(self, list(draft))
