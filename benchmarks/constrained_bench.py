@@ -192,7 +192,8 @@ def main() -> int:
         sum(x["n"] for x in results["plain"][pid]) / sum(x["s"] for x in results["plain"][pid]))
         for pid, runs in results[m].items()} for m in all_modes}
 
-    report = {"command": "python " + " ".join(sys.argv), "target": sess.target.path, "draft": sess.draft_path, "threads": threads, "repeat": a.repeat,
+    report = {"command": "python " + " ".join(sys.argv),
+              "target": sess.target.path, "draft": sess.draft_path, "threads": threads, "repeat": a.repeat,
               "max_tokens": a.max_tokens, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "summary": summary, "per_prompt_vs_plain": per_prompt, "checks": checks,
               "outputs": {pid: sess.target.detokenize(results["plain"][pid][0]["tokens"]) for pid in toks},
