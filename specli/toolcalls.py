@@ -24,8 +24,8 @@ import json
 import re
 import secrets
 import string
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from specli.constrain import JSON_OPTIONS, Constraint, tokenizer_for
 from specli.errors import SpecliError
@@ -64,7 +64,7 @@ class Tool:
     description: str = ""
 
     @classmethod
-    def from_openai(cls, t: dict) -> "Tool":
+    def from_openai(cls, t: dict) -> Tool:
         f = t["function"]
         return cls(f["name"], f.get("parameters") or {"type": "object", "properties": {}}, f.get("description", ""))
 
@@ -187,8 +187,9 @@ class Fallback(Format):
         out = []
         for m in msgs:
             if m.get("tool_calls"):
-                calls = "".join(f"\n{self.open}\n{_json({'name': c['function']['name'], 'arguments': _args(c['function'])})}"
-                                f"\n{self.close}" for c in m["tool_calls"])
+                calls = "".join(
+                    f"\n{self.open}\n{_json({'name': c['function']['name'], 'arguments': _args(c['function'])})}"
+                    f"\n{self.close}" for c in m["tool_calls"])
                 m = {"role": "assistant", "content": ((m.get("content") or "") + calls).strip()}
             elif m.get("role") == "tool":
                 m = {"role": "user", "content": f"<tool_response>\n{m.get('content') or ''}\n</tool_response>"}
@@ -248,7 +249,8 @@ class Llama3(Format):
 
     def grammar(self, tools: list[Tool], forced: bool, parallel: bool, special: Special) -> str:
         tag = special("<|python_tag|>")
-        call = "call: " + (f"<[{tag}]>? " if tag is not None else "") + f"%json {_json(_call_schema(tools, self.args_key))}\n"
+        call = ("call: " + (f"<[{tag}]>? " if tag is not None else "")
+                + f"%json {_json(_call_schema(tools, self.args_key))}\n")
         if forced:
             return "start: call\n" + call
         # free text is anything that does not open with "{"; a call is the whole answer
@@ -284,7 +286,7 @@ class Mistral(Format):
         calls = [_call_obj(o, self.args_key) for o in items] if isinstance(items, list) else []
         if not calls or None in calls:
             return text, []
-        for c, o in zip(calls, items):
+        for c, o in zip(calls, items, strict=True):
             c.id = str(o.get("id") or c.id)
         return (text[:i] + s[end:]).strip(), calls
 

@@ -189,8 +189,9 @@ def test_qwen_template_on_a_tiny_model_required_call(smol_gguf, tiny_draft):
 
 # -- parsing each family's syntax ---------------------------------------------------------
 @pytest.mark.parametrize("fmt,text,content,calls", [
-    ("hermes", 'Let me look.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n'
-               '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>', "Let me look.", [("f", {"a": 1}), ("g", {})]),
+    ("hermes", ('Let me look.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n'
+                '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>'),
+     "Let me look.", [("f", {"a": 1}), ("g", {})]),
     ("hermes", "no call here", "no call here", []),
     ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": \n</tool_call>',
      '<tool_call>\n{"name": "f", "arguments": {"a": \n</tool_call>', []),  # broken JSON stays text
@@ -243,7 +244,8 @@ def test_auto_grammar_constrains_only_after_the_opening(server):
         return c.guide(model).clip(toks) == toks
 
     assert accepts("Any text at all, with { braces } and <tags>.")
-    assert accepts('Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Tokyo", "days": 2}}\n</tool_call>')
+    assert accepts('Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Tokyo", "days": 2}}\n'
+                   '</tool_call>')
     assert not accepts('Sure.\n<tool_call>\n{"name": "get_time"')
     assert not accepts('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"')
 
@@ -259,8 +261,8 @@ def test_llama_server_json_schema_and_grammar_fields(server, mid):
     url = server[0]
     schema = Forecast.model_json_schema()
     for path, body in (("/v1/chat/completions", {"messages": ASK}), ("/v1/completions", {"prompt": "Weather:"})):
-        r = httpx.post(url + path, json={"model": mid, "temperature": 0, "max_tokens": 60, "json_schema": schema, **body},
-                       timeout=300).json()
+        r = httpx.post(url + path, timeout=300, json={"model": mid, "temperature": 0, "max_tokens": 60,
+                                                      "json_schema": schema, **body}).json()
         text = r["choices"][0]["message"]["content"] if "messages" in body else r["choices"][0]["text"]
         Forecast.model_validate_json(text)
         r = httpx.post(url + path, json={"model": mid, "temperature": 0, "max_tokens": 20,
@@ -312,7 +314,7 @@ def test_completions_logprobs(client, mid):
     r = client.completions.create(model=mid, prompt="The quick brown fox", temperature=0, max_tokens=6, logprobs=2)
     lp = r.choices[0].logprobs
     assert "".join(lp.tokens) == r.choices[0].text and len(lp.token_logprobs) == 6
-    assert all(len(t) == 2 and max(t.values()) == v for t, v in zip(lp.top_logprobs, lp.token_logprobs))
+    assert all(len(t) == 2 and max(t.values()) == v for t, v in zip(lp.top_logprobs, lp.token_logprobs, strict=True))
     assert lp.text_offset[0] == 0 and lp.text_offset[1] == len(lp.tokens[0])
 
 
@@ -324,8 +326,8 @@ REFUSED_CHAT = [
     ({"frequency_penalty": 1}, "frequency_penalty"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
      "messages.0.content.0"),
-    ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]},
-     "messages.0.content.0"),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]}, "messages.0.content.0"),
     ({"modalities": ["text", "audio"]}, "modalities"),
     ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
     ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
