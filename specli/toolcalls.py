@@ -48,9 +48,10 @@ class ToolCall:
     name: str
     arguments: dict
     id: str = field(default_factory=new_id)
+    raw: str | None = None  # the arguments as the model wrote them (what a stream sent)
 
     def arguments_json(self) -> str:
-        return json.dumps(self.arguments, ensure_ascii=False)
+        return self.raw if self.raw is not None else json.dumps(self.arguments, ensure_ascii=False)
 
     def openai(self) -> dict:
         """The call as OpenAI's ``message.tool_calls`` entry (arguments as a JSON string)."""
@@ -94,6 +95,8 @@ def _call_schema(tools: list[Tool], args_key: str, extra: dict | None = None) ->
 
 
 TEXT = "TEXT: /(.|\\n)*/"
+# the start of a call object up to its arguments: {"name": "NAME", "KEY": (NAME a JSON string's body)
+HEAD = r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"%s"\s*:\s*'
 
 
 class Format:
@@ -136,6 +139,7 @@ class Format:
             call = _call_from(m.group(1), self.args_key)
             if call is None:
                 continue
+            call.raw = self.raw_arguments(m.group(0), call)
             content.append(text[pos:m.start()])
             calls.append(call)
             pos = m.end()
@@ -144,9 +148,36 @@ class Format:
         return (body.strip() if calls else body), calls
 
     def complete(self, text: str) -> int:
-        """The end of the last complete call in ``text`` (0: none yet): a stream sends calls up to there."""
-        ends = [m.end() for m in re.finditer(re.escape(self.close), text)]
-        return ends[-1] if ends else 0
+        """The end of the first complete call in ``text`` (0: none yet)."""
+        i = text.find(self.close)
+        return i + len(self.close) if i >= 0 else 0
+
+    def head(self, text: str) -> tuple[str, int] | None:
+        """A call's name and where its arguments start, once ``text`` (a call, from its opening
+        on) has got that far; None before (or for a format whose calls stream whole)."""
+        m = re.match(re.escape(self.open) + r"\s*" + HEAD % self.args_key, text)
+        return (json.loads(f'"{m.group(1)}"'), m.end()) if m else None
+
+    @property
+    def tail(self) -> str:
+        """What closes a call after its arguments."""
+        return "}\n" + self.close
+
+    def arguments_text(self, call_text: str, start: int) -> str:
+        """The arguments as written in a complete call's text, from ``start`` (see :meth:`head`)."""
+        t = call_text[start:].rstrip().removesuffix(self.tail[1:].strip()).rstrip()  # the closing marker
+        return t.removesuffix("}").rstrip()  # the call object's own brace
+
+    def raw_arguments(self, call_text: str, call: ToolCall) -> str | None:
+        """The arguments as the model wrote them, when they read back as the parsed ones."""
+        h = self.head(call_text.lstrip())
+        if h is None:
+            return None
+        raw = self.arguments_text(call_text.lstrip(), h[1])
+        try:
+            return raw if json.loads(raw) == call.arguments else None
+        except json.JSONDecodeError:
+            return None
 
     # -- the constraint ------------------------------------------------------------------
     def body(self, tools: list[Tool], special: Special) -> str:
@@ -238,7 +269,10 @@ class Llama3(Format):
         except json.JSONDecodeError:
             return text, []
         call = _call_obj(obj, self.args_key)
-        return (s[end:].strip(), [call]) if call else (text, [])
+        if call is None:
+            return text, []
+        call.raw = self.raw_arguments(s[:end], call)
+        return s[end:].strip(), [call]
 
     def complete(self, text: str) -> int:
         s = text.lstrip()
@@ -246,6 +280,14 @@ class Llama3(Format):
             return len(text) - len(s) + json.JSONDecoder().raw_decode(s)[1]
         except json.JSONDecodeError:
             return 0
+
+    def head(self, text: str) -> tuple[str, int] | None:
+        m = re.match(HEAD % self.args_key, text)
+        return (json.loads(f'"{m.group(1)}"'), m.end()) if m else None
+
+    @property
+    def tail(self) -> str:
+        return "}"
 
     def grammar(self, tools: list[Tool], forced: bool, parallel: bool, special: Special) -> str:
         tag = special("<|python_tag|>")
@@ -308,6 +350,9 @@ class Mistral(Format):
             return "start: call\n" + call
         return f"%llguidance {{}}\nstart: TEXT call?\n{call}{TEXT}\n"
 
+    def head(self, text: str) -> tuple[str, int] | None:
+        return None  # a list of calls: each is sent once the list is complete
+
     def new_id(self) -> str:  # Mistral's templates require nine letters or digits
         return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(9))
 
@@ -366,15 +411,17 @@ def constraint_for(tools: list[Tool], choice: str | dict, fmt: Format, special: 
 
 class ToolStream:
     """A streamed answer split into content, sent as it comes (text that may open a call is
-    held back until the next text decides), and tool calls, each sent once it is complete as
-    OpenAI streams them: ``{index, id, type, function: {name, arguments: ""}}``, then its
-    arguments (in one piece)."""
+    held back until the next text decides), and tool calls, streamed as OpenAI streams them:
+    a delta ``{index, id, type, function: {name, arguments: ""}}`` once the call's name is
+    written, then its arguments piece by piece as the model writes them (text that may be the
+    call's closing held back). Mistral's calls, a JSON list, are sent once the list is complete."""
 
     def __init__(self, fmt: Format):
         self.fmt, self.buf, self.opened, self.n_calls = fmt, "", False, 0
+        self.cur: tuple[int, int, str] | None = None  # the call being streamed: index, arguments' start, sent
 
     def feed(self, text: str) -> tuple[str, list[dict]]:
-        """The content to send now, and the deltas of the calls completed by ``text``."""
+        """The content to send now, and the tool-call deltas."""
         self.buf += text
         out = ""
         if not self.opened:
@@ -384,22 +431,53 @@ class ToolStream:
                 out, self.buf = self.buf[:keep], self.buf[keep:]
                 return out, []
             out, self.buf, self.opened = self.buf[:i], self.buf[i:], True
-        end = self.fmt.complete(self.buf)
-        if not end:
-            return out, []
-        done, self.buf = self.buf[:end], self.buf[end:]
-        content, calls = parse(done, self.fmt)
-        return out + content, self._deltas(calls)
+        deltas: list[dict] = []
+        while True:
+            if self.cur is None:
+                lead = len(self.buf) - len(self.buf.lstrip())
+                h = self.fmt.head(self.buf[lead:])
+                if h is None:  # not a call's start (yet), or a format whose calls go whole
+                    end = self.fmt.complete(self.buf)
+                    if not end:
+                        return out, deltas
+                    content, calls = parse(self.buf[:end], self.fmt)
+                    self.buf = self.buf[end:]
+                    out += content
+                    deltas += self._whole(calls)
+                    continue
+                deltas.append({"index": self.n_calls, "id": self.fmt.new_id(), "type": "function",
+                               "function": {"name": h[0], "arguments": ""}})
+                self.cur = (self.n_calls, lead + h[1], "")
+                self.n_calls += 1
+            idx, start, sent = self.cur
+            end = self.fmt.complete(self.buf)
+            if end:  # the call is complete: the rest of its arguments
+                rest = self.fmt.arguments_text(self.buf[:end], start)[len(sent):]
+                self.buf, self.cur = self.buf[end:], None
+            else:
+                avail = self.buf[start:]
+                hold = max((k for k in range(1, len(self.fmt.tail) + 1) if avail.endswith(self.fmt.tail[:k])),
+                           default=0)
+                rest = avail[len(sent):len(avail) - hold]
+                self.cur = (idx, start, sent + rest)
+            if rest:
+                deltas.append({"index": idx, "function": {"arguments": rest}})
+            if self.cur is not None:
+                return out, deltas
 
     def flush(self) -> tuple[str, list[dict]]:
-        """What is left at the end: the rest of the content, and any last call."""
+        """What is left at the end: the rest of the content, a call cut short, a last whole call."""
+        if self.cur is not None:  # cut short (max_tokens): what was written of its arguments
+            idx, start, sent = self.cur
+            rest, self.buf, self.cur = self.buf[start + len(sent):], "", None
+            return "", [{"index": idx, "function": {"arguments": rest}}] if rest else []
         content, calls = parse(self.buf, self.fmt)
         self.buf = ""
         if self.n_calls and not calls:
             content = content.strip()
-        return content, self._deltas(calls)
+        return content, self._whole(calls)
 
-    def _deltas(self, calls: list[ToolCall]) -> list[dict]:
+    def _whole(self, calls: list[ToolCall]) -> list[dict]:
         out = []
         for c in calls:
             out.append({"index": self.n_calls, "id": c.id, "type": "function",

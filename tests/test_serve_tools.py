@@ -109,7 +109,7 @@ def test_required_tool_call_parses_and_follows_the_schema(client, mid):
     calls, finish, content = _streamed_calls(_chat(client, mid, tools=[WEATHER, TIME], tool_choice="required",
                                                    parallel_tool_calls=False, stream=True))
     assert finish == "tool_calls" and content == ""
-    assert [(x["name"], json.loads(x["arguments"])) for x in calls] == [(call.function.name, args)]
+    assert [(x["name"], x["arguments"]) for x in calls] == [(call.function.name, call.function.arguments)]
 
 
 def test_named_tool_choice_calls_that_function(client, mid):
@@ -218,16 +218,34 @@ def test_mistral_ids_and_detection():
         toolcalls.detect("<tool_call>\n<function=")
 
 
-def test_tool_stream_holds_back_a_split_opening():
+def test_tool_stream_sends_content_then_the_call_piece_by_piece():
     s = ToolStream(FORMATS["hermes"])
-    assert s.feed("Sure. <tool") == ("Sure. ", [])  # "<tool" may open a call
+    assert s.feed("Sure. <tool") == ("Sure. ", [])  # "<tool" may open a call: held back
     assert s.feed('_call>\n{"name": "f", "argu') == ("", [])
-    text, deltas = s.feed('ments": {"a": 1}}\n</tool_call>')
-    assert text == "" and deltas[0]["function"] == {"name": "f", "arguments": ""} and deltas[0]["index"] == 0
-    assert deltas[1] == {"index": 0, "function": {"arguments": '{"a": 1}'}}
-    assert s.flush() == ("", []) and s.n_calls == 1
+    text, deltas = s.feed('ments": {"a": 1')  # the name is known: the call's first delta, then its arguments
+    assert text == "" and deltas[0]["index"] == 0 and deltas[0]["type"] == "function"
+    assert deltas[0]["id"].startswith("call_") and deltas[0]["function"] == {"name": "f", "arguments": ""}
+    assert deltas[1:] == [{"index": 0, "function": {"arguments": '{"a": 1'}}]
+    # "}\n</tool" may be the call's closing: only the arguments' own brace goes
+    assert s.feed('}}\n</tool') == ("", [{"index": 0, "function": {"arguments": "}"}}])
+    assert s.feed("_call>") == ("", [])
+    _, deltas = s.feed('\n<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>')
+    assert [d["index"] for d in deltas] == [1, 1] and deltas[1]["function"]["arguments"] == "{}"
+    assert s.flush() == ("", []) and s.n_calls == 2
     s = ToolStream(FORMATS["hermes"])
     assert s.feed("a <to") == ("a ", []) and s.feed("p") == ("<top", []) and s.flush() == ("", [])
+    # Mistral's list goes whole, once complete
+    s = ToolStream(FORMATS["mistral"])
+    assert s.feed('[{"name": "f", "arguments": {"a": 1}}') == ("", [])
+    _, deltas = s.feed("]")
+    assert deltas[0]["function"]["name"] == "f" and deltas[1]["function"]["arguments"] == '{"a": 1}'
+
+
+def test_arguments_are_returned_as_the_model_wrote_them():
+    _, (call,) = toolcalls.parse('<tool_call>\n{"name": "f", "arguments": {"b": 1,   "a": "\\u00e9"}}\n</tool_call>',
+                                 FORMATS["hermes"])
+    assert call.arguments == {"b": 1, "a": "\u00e9"} and call.openai()["function"]["arguments"] == \
+        '{"b": 1,   "a": "\\u00e9"}'
 
 
 def test_auto_grammar_constrains_only_after_the_opening(server):

@@ -286,7 +286,7 @@ async def _answer(request: Request, worker: Worker, reply: Reply, body, toks: li
                 text, calls = "".join(pieces), []
                 if fmt is not None:
                     text, calls = toolcalls.parse(text, fmt)
-                finish = "tool_calls" if calls else ev.finish
+                finish = "tool_calls" if calls and ev.finish == "stop" else ev.finish
                 return reply.whole(text if text or not calls else None, finish, usage(ev.stats, len(toks)),
                                    [c.openai() for c in calls], lps)
             else:
@@ -344,7 +344,7 @@ async def _sse(events: AsyncIterator[Event], reply: Reply, n_prompt: int, includ
                     yield data(reply.chunk(text))
                 for d in deltas:
                     yield data(reply.chunk(None, tool_calls=[d]))
-                finish = "tool_calls" if calls.n_calls else finish
+                finish = "tool_calls" if calls.n_calls and finish == "stop" else finish
             use = usage(ev.stats, n_prompt)
             # the stats ride on the last chunk; a separate usage chunk when the client asked for one
             yield data(reply.chunk(None, finish, None if include_usage else use))
