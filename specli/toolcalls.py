@@ -95,8 +95,9 @@ def _call_schema(tools: list[Tool], args_key: str, extra: dict | None = None) ->
 
 
 TEXT = "TEXT: /(.|\\n)*/"
-# the start of a call object up to its arguments: {"name": "NAME", "KEY": (NAME a JSON string's body)
-HEAD = r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"%s"\s*:\s*'
+# the start of a call object up to its arguments' first character: {"name": "NAME", "KEY": (NAME
+# a JSON string's body)
+HEAD = r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"%s"\s*:\s*(?=\S)'
 
 
 class Format:

@@ -222,7 +222,8 @@ def test_tool_stream_sends_content_then_the_call_piece_by_piece():
     s = ToolStream(FORMATS["hermes"])
     assert s.feed("Sure. <tool") == ("Sure. ", [])  # "<tool" may open a call: held back
     assert s.feed('_call>\n{"name": "f", "argu') == ("", [])
-    text, deltas = s.feed('ments": {"a": 1')  # the name is known: the call's first delta, then its arguments
+    assert s.feed('ments": ') == ("", [])  # the arguments start at their first character
+    text, deltas = s.feed('{"a": 1')  # the name is known: the call's first delta, then its arguments
     assert text == "" and deltas[0]["index"] == 0 and deltas[0]["type"] == "function"
     assert deltas[0]["id"].startswith("call_") and deltas[0]["function"] == {"name": "f", "arguments": ""}
     assert deltas[1:] == [{"index": 0, "function": {"arguments": '{"a": 1'}}]
