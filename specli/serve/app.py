@@ -30,11 +30,11 @@ from specli.serve.schemas import (
     error_body,
     usage,
 )
-from specli.toolcalls import Format, Tool, ToolStream
 from specli.serve.worker import Event, Job, QueueFull, Worker
 from specli.session import Session
 from specli.speculate.loop import check_prompt_fits
 from specli.speculate.verify import SamplingParams
+from specli.toolcalls import Format, Tool, ToolStream
 
 
 class APIError(Exception):
@@ -187,15 +187,13 @@ def _chat_tools(body: ChatRequest, prompter: Prompter) -> tuple[Format | None, l
     except SpecliError as e:
         param = "tools" if names else "messages"
         raise APIError(400, f"{param}: {e}", param=param) from None
-    tools = [Tool(t.function.name, t.function.parameters or {"type": "object", "properties": {}},
-                  t.function.description or "") for t in body.tools or []]
+    tools = [Tool.from_openai(t.model_dump(exclude_none=True)) for t in body.tools or []]
     choice = choice or "auto"
     if choice == "none" or not tools:
         return fmt, None, None
     named = choice.model_dump() if isinstance(choice, NamedChoice) else choice
-    constraint = toolcalls.constraint_for(tools, named, fmt, prompter.special(), body.parallel_tool_calls is not False)
-    _check(constraint, "tools")
-    return fmt, tools, constraint
+    parallel = body.parallel_tool_calls is not False
+    return fmt, tools, toolcalls.constraint_for(tools, named, fmt, prompter.special(), parallel)
 
 
 def _one_constraint(body: Sampling, tools: Constraint | None) -> Constraint | None:
@@ -215,10 +213,11 @@ def _one_constraint(body: Sampling, tools: Constraint | None) -> Constraint | No
         asked["grammar"] = Constraint.gbnf(body.grammar)
     if len(asked) > 1:
         raise APIError(400, f"{' and '.join(asked)} each constrain the answer; give one of them", param=list(asked)[1])
-    for param, c in asked.items():
-        _check(c, param)
-        return c
-    return None
+    if not asked:
+        return None
+    ((param, c),) = asked.items()
+    _check(c, param)
+    return c
 
 
 def _schema(schema: dict, param: str) -> Constraint:
