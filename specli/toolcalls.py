@@ -190,7 +190,8 @@ class Format:
         text until a call opens, the call constrained from there (text may follow it)."""
         opening = _lit(self.open, special)
         if forced:
-            more = ' ("\\n" call)*' if parallel else ""
+            # a newline may follow a call, and then the model chooses: another call, or the end
+            more = ' ("\\n" call)* "\\n"?' if parallel else ' "\\n"?'
             return f"start: call{more}\ncall: {opening} {self.body(tools, special)}\n"
         rep = "*" if parallel else "?"
         if opening.startswith("<["):  # text never holds a special token: the call starts at it
