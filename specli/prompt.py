@@ -4,6 +4,7 @@ sandbox, as llama.cpp and transformers render it) or the raw text."""
 from __future__ import annotations
 
 import datetime
+import json
 from typing import TYPE_CHECKING
 
 from jinja2 import TemplateError
@@ -20,15 +21,25 @@ def _raise(msg):
     raise TemplateError(msg)
 
 
+def _tojson(value, indent=None, separators=None, sort_keys=False, ensure_ascii=False):
+    """transformers' ``tojson`` for chat templates: keys in their order, no HTML escaping
+    (jinja2's own sorts keys and escapes ``<``, which would change a tool's description)."""
+    return json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
+
+
 def render_chat(template: str, messages: list[dict], bos: str = "", eos: str = "",
-                add_generation_prompt: bool = True) -> str:
+                add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
+    """``messages`` through the chat template; ``tools`` (OpenAI's tool definitions) go to
+    templates that describe tools themselves."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    env.filters["tojson"] = _tojson
+    extra = {"tools": tools} if tools is not None else {}
     try:
         return env.from_string(template).render(
             messages=messages, add_generation_prompt=add_generation_prompt,
-            bos_token=bos, eos_token=eos)
+            bos_token=bos, eos_token=eos, **extra)
     except TemplateError as e:
         raise NoChatTemplate("the model", str(e)) from None
 

@@ -299,13 +299,14 @@ class Session:
 
     def generate(self, prompt: list[int], params: SamplingParams, max_tokens: int,
                  drafter: Drafter | None = None, exact_prefill: bool = False,
-                 constraint: Constraint | None = None) -> Response:
+                 constraint: Constraint | None = None, logprobs: int | None = None) -> Response:
         """Generate with the session's drafter (or ``drafter``); under a ``constraint`` a
         speculating drafter also drafts the tokens the grammar forces (:class:`ForcedDrafter`)."""
         d = drafter or self.drafter
         if constraint is not None and d.name != "none" and not isinstance(d, ForcedDrafter):
             d = ForcedDrafter(d)
-        return generate(self.ctx, prompt, d, params, max_tokens, self.opts.spec.draft_max, exact_prefill, constraint)
+        return generate(self.ctx, prompt, d, params, max_tokens, self.opts.spec.draft_max, exact_prefill, constraint,
+                        logprobs)
 
     def plain_rate_estimate(self) -> float | None:
         """Tokens/s plain decoding would have reached here: the controller's measured cost of a

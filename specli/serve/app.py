@@ -17,13 +17,17 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
+from specli import toolcalls
+from specli.constrain import Constraint
 from specli.errors import NoChatTemplate, PromptTooLong, SpecliError
 from specli.prompt import render_chat, tokenize_prompt
 from specli.resolve import stores
 from specli.serve.schemas import (
     ChatRequest,
     CompletionRequest,
+    NamedChoice,
     Reply,
+    Sampling,
     error_body,
     usage,
 )
@@ -31,6 +35,7 @@ from specli.serve.worker import Event, Job, QueueFull, Worker
 from specli.session import Session
 from specli.speculate.loop import check_prompt_fits
 from specli.speculate.verify import SamplingParams
+from specli.toolcalls import Format, Tool, ToolStream
 
 
 class APIError(Exception):
@@ -51,12 +56,24 @@ class Prompter:
         self.template = m.chat_template()
         self.bos = m.detokenize([m.bos], special=True) if m.bos >= 0 else ""
         self.eos = m.detokenize([m.eos], special=True) if m.eos >= 0 else ""
+        self._special: toolcalls.Special | None = None
 
-    def chat(self, messages: list[dict]) -> list[int]:
+    def chat(self, messages: list[dict], tools: list[Tool] | None = None, fmt: Format | None = None) -> list[int]:
+        """The conversation through the chat template; with ``fmt``, tool calls, tool results
+        and the offered ``tools`` as that tool-call format renders them."""
         if not self.template:
             raise NoChatTemplate(self.model.name)
-        text = render_chat(self.template, messages, self.bos, self.eos)
+        if fmt is None:
+            text = render_chat(self.template, messages, self.bos, self.eos)
+        else:
+            text = toolcalls.render(self.template, messages, tools, fmt, self.bos, self.eos)
         return self._fits(tokenize_prompt(self.model, text, templated=True))
+
+    def special(self) -> toolcalls.Special:
+        """Which marker texts are special tokens of the model (llguidance's tokenizer, built once)."""
+        if self._special is None:
+            self._special = toolcalls.special_tokens(self.model)
+        return self._special
 
     def raw(self, prompt: Union[str, list[str], list[int]]) -> list[int]:
         if isinstance(prompt, list) and isinstance(prompt[0], int):
@@ -127,23 +144,100 @@ def create_app(session: Session, name: str | None = None, api_key: str | None = 
     @app.post("/v1/chat/completions", dependencies=auth)
     async def chat_completions(body: ChatRequest, request: Request):
         _check_model(body.model, ids)
+        if body.top_logprobs is not None and not body.logprobs:
+            raise APIError(400, "top_logprobs: needs logprobs set to true", param="top_logprobs")
         msgs = [m.as_dict() for m in body.messages]
-        toks = await run_in_threadpool(_tokens, prompter.chat, msgs, "messages")
+        fmt, tools, constraint = await run_in_threadpool(_chat_tools, body, prompter)
+        constraint = _one_constraint(body, constraint)
+        toks = await run_in_threadpool(_tokens, prompter.chat, (msgs, tools, fmt), "messages")
         limit = body.limit or max(1, prompter.n_ctx - len(toks))  # OpenAI: up to the context's end
-        return await _answer(request, worker, Reply(True, ids[0]), body, toks, limit, temperature)
+        n_lp = (body.top_logprobs or 0) if body.logprobs else None
+        return await _answer(request, worker, Reply(True, ids[0]), body, toks, limit, temperature, constraint, n_lp,
+                             fmt if tools else None)
 
     @app.post("/v1/completions", dependencies=auth)
     async def completions(body: CompletionRequest, request: Request):
         _check_model(body.model, ids)
-        toks = await run_in_threadpool(_tokens, prompter.raw, body.prompt, "prompt")
-        return await _answer(request, worker, Reply(False, ids[0]), body, toks, body.limit, temperature)
+        constraint = _one_constraint(body, None)
+        toks = await run_in_threadpool(_tokens, prompter.raw, (body.prompt,), "prompt")
+        return await _answer(request, worker, Reply(False, ids[0]), body, toks, body.limit, temperature, constraint,
+                             body.logprobs)
 
     return app
 
 
-def _tokens(fn, arg, param: str) -> list[int]:
+def _chat_tools(body: ChatRequest, prompter: Prompter) -> tuple[Format | None, list[Tool] | None,
+                                                                 Constraint | None]:
+    """The tool-call format when the conversation involves tools, the tools offered to the model
+    (none for ``tool_choice: none``: the model is not told of them, so it cannot call them), and
+    the constraint ``tool_choice`` asks for."""
+    names = [t.function.name for t in body.tools or []]
+    choice = body.tool_choice
+    if choice is not None and not names:
+        raise APIError(400, "tool_choice: only allowed when tools are given", param="tool_choice")
+    if isinstance(choice, NamedChoice) and choice.function.name not in names:
+        raise APIError(400, f"tool_choice: names '{choice.function.name}', which is not among the tools "
+                            f"({', '.join(names)})", param="tool_choice")
+    if len(set(names)) != len(names):
+        raise APIError(400, "tools: two tools have the same name", param="tools")
+    history = any(m.tool_calls or m.role == "tool" for m in body.messages)
+    if not names and not history:
+        return None, None, None
     try:
-        return fn(arg)
+        fmt = toolcalls.detect(prompter.template)
+    except SpecliError as e:
+        param = "tools" if names else "messages"
+        raise APIError(400, f"{param}: {e}", param=param) from None
+    tools = [Tool.from_openai(t.model_dump(exclude_none=True)) for t in body.tools or []]
+    choice = choice or "auto"
+    if choice == "none" or not tools:
+        return fmt, None, None
+    named = choice.model_dump() if isinstance(choice, NamedChoice) else choice
+    parallel = body.parallel_tool_calls is not False
+    return fmt, tools, toolcalls.constraint_for(tools, named, fmt, prompter.special(), parallel)
+
+
+def _one_constraint(body: Sampling, tools: Constraint | None) -> Constraint | None:
+    """The constraint a request asks for: tool calls, ``response_format``, or llama-server's
+    ``json_schema`` / ``grammar``; at most one of them."""
+    asked: dict[str, Constraint] = {}
+    if tools is not None:
+        asked["tools"] = tools
+    rf = getattr(body, "response_format", None)
+    if rf is not None and rf.type == "json_object":
+        asked["response_format"] = Constraint.json_object()
+    elif rf is not None and rf.type == "json_schema":
+        asked["response_format"] = _schema(rf.json_schema.schema_ or {}, "response_format")
+    if body.json_schema is not None:
+        asked["json_schema"] = _schema(body.json_schema, "json_schema")
+    if body.grammar is not None:
+        asked["grammar"] = Constraint.gbnf(body.grammar)
+    if len(asked) > 1:
+        raise APIError(400, f"{' and '.join(asked)} each constrain the answer; give one of them", param=list(asked)[1])
+    if not asked:
+        return None
+    ((param, c),) = asked.items()
+    _check(c, param)
+    return c
+
+
+def _schema(schema: dict, param: str) -> Constraint:
+    try:
+        return Constraint.json_schema(schema)
+    except SpecliError as e:
+        raise APIError(400, f"{param}: {e}", param=param) from None
+
+
+def _check(c: Constraint, param: str) -> None:
+    try:
+        c.check()
+    except SpecliError as e:
+        raise APIError(400, f"{param}: {e}", param=param) from None
+
+
+def _tokens(fn, args: tuple, param: str) -> list[int]:
+    try:
+        return fn(*args)
     except PromptTooLong as e:
         raise APIError(400, f"{e}; shorten it or start the server with a larger --ctx", param=param,
                        code="context_length_exceeded") from None
@@ -163,10 +257,13 @@ def _model_card(model_id: str, session: Session) -> dict:
 
 
 async def _answer(request: Request, worker: Worker, reply: Reply, body, toks: list[int], limit: int,
-                  temperature: float):
+                  temperature: float, constraint: Constraint | None = None, n_logprobs: int | None = None,
+                  fmt: Format | None = None):
+    """Queue the generation and answer: whole, or streamed. With ``fmt`` (tools offered) the
+    text is parsed for the model's tool calls."""
     t = body.temperature if body.temperature is not None else temperature
     params = SamplingParams(temperature=t, top_k=body.top_k, top_p=body.top_p, seed=body.seed)
-    job = Job(toks, params, limit, body.stops)
+    job = Job(toks, params, limit, body.stops, constraint=constraint, logprobs=n_logprobs)
     try:
         worker.submit(job)
     except QueueFull as e:
@@ -175,15 +272,23 @@ async def _answer(request: Request, worker: Worker, reply: Reply, body, toks: li
     events = _events(job, request)
     if body.stream:
         include = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_sse(events, reply, len(toks), include), media_type="text/event-stream",
+        return StreamingResponse(_sse(events, reply, len(toks), include, fmt), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     pieces: list[str] = []
+    lps: list | None = None if n_logprobs is None else []
     async with aclosing(events):
         async for ev in events:
             if ev.kind == "text":
                 pieces.append(ev.text)
+                if lps is not None:
+                    lps.extend(ev.logprobs or [])
             elif ev.kind == "done":
-                return reply.whole("".join(pieces), ev.finish, usage(ev.stats, len(toks)))
+                text, calls = "".join(pieces), []
+                if fmt is not None:
+                    text, calls = toolcalls.parse(text, fmt)
+                finish = "tool_calls" if calls and ev.finish == "stop" else ev.finish
+                return reply.whole(text if text or not calls else None, finish, usage(ev.stats, len(toks)),
+                                   [c.openai() for c in calls], lps)
             else:
                 raise _event_error(ev)
     raise APIError(499, "client closed the request", code="client_closed")  # nobody reads this
@@ -213,19 +318,36 @@ async def _disconnected(request: Request, job: Job) -> None:
     job.events.put_nowait(Event("gone"))
 
 
-async def _sse(events: AsyncIterator[Event], reply: Reply, n_prompt: int, include_usage: bool):
+async def _sse(events: AsyncIterator[Event], reply: Reply, n_prompt: int, include_usage: bool,
+               fmt: Format | None = None):
     def data(obj) -> str:
         return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
+    calls = ToolStream(fmt) if fmt is not None else None
     if reply.chat:
         yield data(reply.chunk(None, first=True))
     async for ev in events:
         if ev.kind == "text":
-            yield data(reply.chunk(ev.text))
+            if calls is None:
+                yield data(reply.chunk(ev.text, logprobs=ev.logprobs))
+                continue
+            text, deltas = calls.feed(ev.text)
+            if text or ev.logprobs:
+                yield data(reply.chunk(text, logprobs=ev.logprobs))
+            for d in deltas:  # one chunk each, as OpenAI sends them
+                yield data(reply.chunk(None, tool_calls=[d]))
         elif ev.kind == "done":
+            finish = ev.finish
+            if calls is not None:
+                text, deltas = calls.flush()
+                if text:
+                    yield data(reply.chunk(text))
+                for d in deltas:
+                    yield data(reply.chunk(None, tool_calls=[d]))
+                finish = "tool_calls" if calls.n_calls and finish == "stop" else finish
             use = usage(ev.stats, n_prompt)
             # the stats ride on the last chunk; a separate usage chunk when the client asked for one
-            yield data(reply.chunk(None, ev.finish, None if include_usage else use))
+            yield data(reply.chunk(None, finish, None if include_usage else use))
             if include_usage:
                 yield data(reply.chunk(None, use=use, no_choice=True))
         else:
@@ -249,13 +371,17 @@ def _error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError):
-        first = e.errors()[0]
-        if first["type"] == "json_invalid":
+        errs = e.errors()
+        if errs[0]["type"] == "json_invalid":
+            first = errs[0]
             return JSONResponse(error_body(f"invalid JSON: {first.get('ctx', {}).get('error', first['msg'])}"),
                                 status_code=400)
-        loc = [str(p) for p in first["loc"] if p != "body"]
-        param = ".".join(loc) or None
+        # a union's members each report; the member the value was meant for says most
+        first = next((x for x in errs if not x["type"].endswith("_type")), errs[0])
+        param = _param(first["loc"], e.body) or None
         msg = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            msg = "unknown field: this server does not implement it (nothing is ignored silently)"
         return JSONResponse(error_body(f"{param}: {msg}" if param else msg, param=param,
                                        code="invalid_value"), status_code=400)
 
@@ -263,3 +389,16 @@ def _error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, e: HTTPException):
         return JSONResponse(error_body(str(e.detail), param=None, code=str(e.status_code)),
                             status_code=e.status_code, headers=getattr(e, "headers", None))
+
+
+def _param(loc: tuple, body) -> str:
+    """The dotted path of the field an error is about, as the client wrote it: pydantic's
+    union member names (``str``, ``list[Part]``) in the path are left out."""
+    out, cur = [], body
+    for i, p in enumerate(p for p in loc if p != "body"):
+        if isinstance(cur, dict) and p in cur or isinstance(cur, list) and isinstance(p, int) and p < len(cur):
+            out.append(str(p))
+            cur = cur[p]
+        elif i == len(loc) - 1 - ("body" in loc) and isinstance(cur, dict):
+            out.append(p)  # a missing field
+    return ".".join(out)

@@ -10,9 +10,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+from specli.constrain import Constraint
 from specli.serve.schemas import FINISH
 from specli.session import Session
-from specli.speculate.loop import Stats
+from specli.speculate.loop import Stats, TokenLogprob
 from specli.speculate.verify import SamplingParams
 
 
@@ -27,6 +28,7 @@ class Event:
     finish: str | None = None
     stats: Stats | None = None
     error: BaseException | None = None
+    logprobs: list[TokenLogprob] | None = None  # the text's tokens', when the job asked for them
 
 
 class StopScanner:
@@ -62,6 +64,8 @@ class Job:
     params: SamplingParams
     max_tokens: int
     stop: list[str] = field(default_factory=list)
+    constraint: Constraint | None = None  # the output must match it (a schema, a grammar, tool calls)
+    logprobs: int | None = None  # the target's log-probabilities of each token, and this many alternatives
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
     cancel_requested: threading.Event = field(default_factory=threading.Event)
@@ -186,14 +190,15 @@ class Worker:
     def _generate(self, job: Job) -> tuple[str | None, Stats]:
         """Run the generation; the finish reason (None: cancelled) and the stats."""
         # whole batches of a cached prompt only: a repeated prompt is answered as a fresh run is
-        resp = self.session.generate(job.prompt, job.params, job.max_tokens, exact_prefill=True)
+        resp = self.session.generate(job.prompt, job.params, job.max_tokens, exact_prefill=True,
+                                     constraint=job.constraint, logprobs=job.logprobs)
         scan = StopScanner(job.stop)
         stopped = cancelled = False
         try:
             for n, ch in enumerate(resp, 1):
                 text, stopped = scan.feed(ch.text)
-                if text:
-                    job.put(Event("text", text))
+                if text or ch.logprobs:
+                    job.put(Event("text", text, logprobs=ch.logprobs))
                 if stopped:
                     break
                 if self.after_chunk is not None:

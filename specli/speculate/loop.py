@@ -27,10 +27,22 @@ FINISH_STOP, FINISH_LENGTH, FINISH_CONTEXT, FINISH_INTERRUPTED = "stop", "length
 
 
 @dataclass
+class TokenLogprob:
+    """The target's own log-probability of one emitted token (log-softmax of its logits, at
+    temperature 1, before any sampling filter or constraint), and the ``top`` most likely tokens there."""
+
+    token: int
+    text: str
+    logprob: float
+    top: list[tuple[int, str, float]]
+
+
+@dataclass
 class Chunk:
     text: str
     tokens: list[int]
     from_draft: list[bool]
+    logprobs: list[TokenLogprob] | None = None  # one per token, when generate(logprobs=N) asked
 
 
 class AcceptanceRates:
@@ -156,9 +168,28 @@ def cut_at_eog(model: Model, tokens: list[int], flags: list[bool]) -> tuple[list
     return tokens, flags, False
 
 
+def token_logprobs(model: Model, rows: Sequence[np.ndarray], tokens: Sequence[int], n_top: int) -> list[TokenLogprob]:
+    """``tokens[i]``'s log-probability under ``rows[i]`` (the target's logits where it was
+    emitted), with the ``n_top`` most likely tokens of each row."""
+    out = []
+    for row, tok in zip(rows, tokens, strict=True):
+        z = np.asarray(row, dtype=np.float64)
+        lp = z - z.max()
+        lp -= np.log(np.exp(lp).sum())
+        top_ids = np.argpartition(-lp, n_top - 1)[:n_top] if n_top else np.array([], dtype=int)
+        top_ids = top_ids[np.argsort(-lp[top_ids], kind="stable")]
+        out.append(TokenLogprob(int(tok), _text(model, tok), float(lp[tok]),
+                                [(int(t), _text(model, t), float(lp[t])) for t in top_ids]))
+    return out
+
+
+def _text(model: Model, tok: int) -> str:
+    return model.piece(int(tok)).decode("utf-8", "replace")
+
+
 def generate(target: Context, prompt: Sequence[int], drafter: Drafter, params: SamplingParams,
              max_tokens: int = 256, draft_max: int = DEFAULTS.draft_max, exact_prefill: bool = False,
-             constraint: Constraint | None = None) -> Response:
+             constraint: Constraint | None = None, logprobs: int | None = None) -> Response:
     """Generate up to ``max_tokens`` after ``prompt``, speculating with ``drafter``.
 
     The target's cache is reused for the longest common prefix with what it already holds
@@ -169,7 +200,8 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter, params: S
     a repeated prompt then says exactly what a fresh run says). ``constraint``: the output
     must match it (a JSON schema, a regular expression, a grammar): the target's logits are
     masked by the grammar at every position, drafts are cut where the grammar refuses them,
-    and the answer ends ("stop") when the grammar is complete.
+    and the answer ends ("stop") when the grammar is complete. ``logprobs``: give each chunk
+    the target's log-probability of its tokens and that many alternatives (0: none).
     """
     prompt = list(prompt)
     if not prompt:
@@ -178,11 +210,13 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter, params: S
     st = Stats(mode=drafter.name)
     align = target.n_batch if exact_prefill else 1
     guide = constraint.guide(target.model) if constraint is not None else None
-    return Response(_decode(target, prompt, drafter, params, max_tokens, draft_max, st, align, guide), st)
+    return Response(_decode(target, prompt, drafter, params, max_tokens, draft_max, st, align, guide, logprobs),
+                    st)
 
 
 def _decode(target: Context, prompt: list[int], drafter: Drafter, params: SamplingParams,
-            max_tokens: int, draft_max: int, st: Stats, align: int, guide: Guide | None) -> Iterator[Chunk]:
+            max_tokens: int, draft_max: int, st: Stats, align: int, guide: Guide | None,
+            n_logprobs: int | None = None) -> Iterator[Chunk]:
     model = target.model
     rng = np.random.default_rng(params.seed)
     detok = _Detok(model.piece)
@@ -191,7 +225,9 @@ def _decode(target: Context, prompt: list[int], drafter: Drafter, params: Sampli
     drafter.constrain(guide)
     kept = target.sync(prompt, align)
     st.prompt_tokens, st.prompt_tokens_cached = len(prompt), kept
-    _, tok = accept([], target.eval(prompt[kept:]), params, rng, guide.masks([]) if guide else None)
+    rows = target.eval(prompt[kept:])
+    _, tok = accept([], rows, params, rng, guide.masks([]) if guide else None)
+    lps = None if n_logprobs is None else token_logprobs(model, rows, [tok], n_logprobs)
     done = guide is not None and guide.settle([tok]) > 0 and guide.stopped
     t1 = time.perf_counter()
     st.t_prefill += t1 - t0
@@ -204,7 +240,7 @@ def _decode(target: Context, prompt: list[int], drafter: Drafter, params: Sampli
             new, flags, eog = cut_at_eog(model, new, flags)
             st.generated += len(new) + eog
             if new:
-                yield Chunk(detok(new), new, flags)
+                yield Chunk(detok(new), new, flags, None if lps is None else lps[:len(new)])
             if eog or done:
                 st.stop = FINISH_STOP
                 break
@@ -228,12 +264,15 @@ def _decode(target: Context, prompt: list[int], drafter: Drafter, params: Sampli
             base = target.n_past
             if d:
                 target.mark()  # hybrid/recurrent targets without snapshots: a checkpoint to roll back to
-            n, nxt = accept(d, target.eval([tok] + d, "all" if d else "last"), params, rng,
-                            guide.masks(d) if guide else None)
+            rows = target.eval([tok] + d, "all" if d else "last")
+            n, nxt = accept(d, rows, params, rng, guide.masks(d) if guide else None)
+            new, flags = d[:n] + [nxt], [True] * n + [False]
+            used = None if n_logprobs is None else [r.copy() for r in rows[:n + 1]]  # a rollback may decode
             target.rollback(base + 1 + n)
             tc = time.perf_counter()
+            if used is not None:
+                lps = token_logprobs(model, used, new, n_logprobs)
             # observe
-            new, flags = d[:n] + [nxt], [True] * n + [False]
             if guide is not None:  # the grammar follows what was kept; a complete one ends the answer
                 counted = guide.settle(new)
                 done = guide.stopped
@@ -249,4 +288,4 @@ def _decode(target: Context, prompt: list[int], drafter: Drafter, params: Sampli
         st.t_generate += time.perf_counter() - t1
     tail = detok.flush()
     if tail:
-        yield Chunk(tail, [], [])
+        yield Chunk(tail, [], [], None if n_logprobs is None else [])
