@@ -132,9 +132,9 @@ def run(
 
 def print_plan(opts) -> None:
     from specli.hardware.plan import memory_from_header
-    from specli.util import fmt_size
     from specli.resolve.gguf_header import read_gguf
     from specli.session import choose_models, plan_for
+    from specli.util import fmt_size
 
     tpath, asked, _ = choose_models(opts, progress=err)
     for note in opts.notes:

@@ -132,19 +132,22 @@ def make_plan(target: ModelMemory, draft: ModelMemory | None, budget: int | None
         d_full = draft.gpu_bytes(-1, n_ctx, n_batch)
         d_w = draft.gpu_bytes(-1, 0, n_batch) - draft.compute(n_batch)
         need = t_full + d_full
-        parts = (f"target {fmt_size(t_w)} + draft {fmt_size(d_w)} + KV {fmt_size(t_kv + draft.kv(n_ctx))} + buffers "
-                 f"{fmt_size(target.compute(n_batch) + draft.compute(n_batch))}")
+        parts = (f"target {fmt_size(t_w)} + draft {fmt_size(d_w)} + KV {fmt_size(t_kv + draft.kv(n_ctx))} "
+                 f"+ buffers {fmt_size(target.compute(n_batch) + draft.compute(n_batch))}")
         if need <= budget:
-            return Plan(-1, dmode, -1, "both-gpu", f"{parts} = {fmt_size(need)} <= {fmt_size(budget)} free: both on the GPU")
+            return Plan(-1, dmode, -1, "both-gpu",
+                        f"{parts} = {fmt_size(need)} <= {fmt_size(budget)} free: both on the GPU")
         if t_full <= budget and draft_cpu_pays:
             return Plan(-1, dmode, 0, "draft-cpu",
                         f"{parts} > {fmt_size(budget)} free: target on the GPU, draft on the CPU (fast enough there)")
         if t_full <= budget:
             return Plan(-1, "lookup", 0, "target-gpu-lookup",
-                        f"{parts} > {fmt_size(budget)} free: target on the GPU, using prompt lookup instead of the draft")
+                        f"{parts} > {fmt_size(budget)} free: target on the GPU, "
+                        "using prompt lookup instead of the draft")
     elif t_full <= budget:
         return Plan(-1, dmode, 0, "target-gpu",
-                    f"target {fmt_size(t_w)} + KV {fmt_size(t_kv)} = {fmt_size(t_full)} <= {fmt_size(budget)} free: target on the GPU")
+                    f"target {fmt_size(t_w)} + KV {fmt_size(t_kv)} = {fmt_size(t_full)} <= {fmt_size(budget)} free: "
+                    "target on the GPU")
     # the target does not fit whole: offload as many layers as fit, draft with lookup
     n = target.n_layer
     while n > 0 and target.gpu_bytes(n, n_ctx, n_batch) > budget:
@@ -152,7 +155,8 @@ def make_plan(target: ModelMemory, draft: ModelMemory | None, budget: int | None
     fallback = "lookup" if draft is not None else dmode
     if n > 0:
         return Plan(n, fallback, 0, "partial-lookup",
-                    f"target {fmt_size(t_full)} > {fmt_size(budget)} free: {n}/{target.n_layer} target layers on the GPU"
+                    f"target {fmt_size(t_full)} > {fmt_size(budget)} free: "
+                    f"{n}/{target.n_layer} target layers on the GPU"
                     + (", using prompt lookup" if fallback == "lookup" else ""))
     return Plan(0, fallback, 0, "cpu-lookup",
                 f"not even one target layer fits in {fmt_size(budget)} free: everything on the CPU"
