@@ -158,6 +158,9 @@ def run_bench(sess: Session, suite: Suite, modes: list[str], max_tokens: int = 1
     use_chat = target.chat_template() is not None if chat is None else chat
     prompts = [(p, prompt_tokens(target, p, use_chat)) for p in suite.prompts]
     lcp = None
+    for m in modes:
+        if m != LCP:
+            registry.mode(m)  # an unknown name is an error, not a mode quietly left out
     available = {m.name: m for m in sess.modes()}
     modes = [m for m in ORDER if m in modes and (m == LCP or m in available)]
     results = {m: ModeResult(m) for m in modes}
