@@ -30,7 +30,8 @@ def test_bench_draft_auto_on_the_default_profile(real_model, tmp_path):
     target, draft = real_model(TARGET), real_model(DRAFT)  # fetched and SHA-256 checked once
     suite = tmp_path / "two.yaml"
     suite.write_text("prompts:\n"
-                     "  - id: rename\n    text: 'Rewrite with the variable x renamed to total: x = 0; x += 1; print(x)'\n"
+                     "  - id: rename\n"
+                     "    text: 'Rewrite with the variable x renamed to total: x = 0; x += 1; print(x)'\n"
                      "  - id: fib\n    text: Write a Python function that returns the n-th Fibonacci number.\n")
     rc, out, err = specli("bench", "--profile", "default", "--draft", "auto", "--suite", str(suite), "-n", "24",
                           "--json", env=_no_hub(tmp_path))
