@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 
 from specli.engine import Context
 from specli.errors import SpecliError
-from specli.resolve.wheels import cache_dir
+from specli.util import cache_root
 from specli.speculate.controller import block_ratio
 from specli.speculate.drafters import Draft, Drafter, NoDrafter, Source, greedy_drafts, row_top
 from specli.speculate.loop import generate
@@ -162,7 +162,7 @@ def load_traces(path: Path) -> list[Trace] | None:
 
 
 def traces_dir() -> Path:
-    return cache_dir().parent / "traces"  # beside the models and the calibration
+    return cache_root() / "traces"  # beside the models and the calibration
 
 
 # -- costs -------------------------------------------------------------------------------
