@@ -1,5 +1,5 @@
 """`specli bench --profile default --draft auto`, as docs/bench.md and the README tell users to
-type it (on two short prompts), on the real Qwen2.5-Coder 1.5B/0.5B pair from its PyPI wheels:
+type it (on one short prompt), on the real Qwen2.5-Coder 1.5B/0.5B pair from its PyPI wheels:
 --draft auto picks the profile's draft, bench runs the modes the pair allows, and every mode's
 greedy text is plain decoding's, or parts from it only at a near-tie of batched numerics."""
 
@@ -31,10 +31,9 @@ def test_bench_draft_auto_on_the_default_profile(real_model, tmp_path):
     suite = tmp_path / "two.yaml"
     suite.write_text("prompts:\n"
                      "  - id: rename\n"
-                     "    text: 'Rewrite with the variable x renamed to total: x = 0; x += 1; print(x)'\n"
-                     "  - id: fib\n    text: Write a Python function that returns the n-th Fibonacci number.\n")
-    rc, out, err = specli("bench", "--profile", "default", "--draft", "auto", "--suite", str(suite), "-n", "24",
-                          "--json", env=_no_hub(tmp_path))
+                     "    text: 'Rewrite with the variable x renamed to total: x = 0; x += 1; print(x)'\n")
+    rc, out, err = specli("bench", "--profile", "default", "--draft", "auto", "--suite", str(suite), "-n", "16",
+                          "--json", env=_no_hub(tmp_path), timeout=1800)
     assert rc == 0, err
     assert f"--draft auto: Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF/{DRAFT}.gguf (profile default), hybrid" in err
     rep = json.loads(out)
@@ -50,7 +49,7 @@ def test_bench_draft_auto_on_the_default_profile(real_model, tmp_path):
         if m == "none":
             assert r["lossless"] == {} and r["drafted"] == 0
             continue
-        assert set(r["lossless"]) == {"rename", "fib"}, m
+        assert set(r["lossless"]) == {"rename"}, m
         for pid, verdict in r["lossless"].items():
             # a real divergence reads "... NOT a near-tie: likely a bug" and fails here
             assert verdict == "identical" or verdict.endswith(NEAR_TIE), (m, pid, verdict)
