@@ -35,7 +35,7 @@ def test_bench_draft_auto_on_the_default_profile(real_model, tmp_path):
     rc, out, err = specli("bench", "--profile", "default", "--draft", "auto", "--suite", str(suite), "-n", "16",
                           "--json", env=_no_hub(tmp_path), timeout=1800)
     assert rc == 0, err
-    assert f"--draft auto: Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF/{DRAFT}.gguf (profile default), hybrid" in err
+    assert "--draft auto: " in err and "hybrid with prompt lookup" in err  # the 0.5B: on disk, or the profile's
     rep = json.loads(out)
     assert rep["target"] == target and rep["draft"] == draft
     assert rep["placement"]["drafter"] == "hybrid"
