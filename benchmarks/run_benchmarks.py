@@ -99,7 +99,7 @@ def main() -> None:
     ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct-q4_k_m")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct-q4_k_m")
     ap.add_argument("--suites", default="grounded,code,chat,unpredictable")
-    ap.add_argument("--modes", default="plain,lookup,model,hybrid,lookup-fixed,model-fixed",
+    ap.add_argument("--modes", default="none,lookup,model,hybrid,lookup-fixed,model-fixed",
                     help="add llama-cpp-python-lookup to time llama-cpp-python's LlamaPromptLookupDecoding")
     ap.add_argument("--llama-cpp-suites", default="grounded,code",
                     help="suites on which llama.cpp's own speculation tools are timed")
@@ -133,8 +133,8 @@ def main() -> None:
             m = Model(target, vocab_only=True)
             texts = [m.detokenize(build_prompt(m, p.text, True), special=True) for p in suite.prompts]
             theirs[s] = llama_cpp_speculative(a.llama_cpp_bin, target, draft, suite, a.threads, a.max_tokens, texts)
-            if theirs[s] and "plain" in rep.results:
-                base = rep.results["plain"].tokens_per_s
+            if theirs[s] and "none" in rep.results:
+                base = rep.results["none"].tokens_per_s
                 theirs[s] = {k: {"tok_s": v, "vs_specli_plain": v / base} for k, v in theirs[s].items()}
         print(markdown([rep]), flush=True)
 

@@ -101,6 +101,4 @@ class Chat:
     def repair(self) -> None:
         """After an interrupted reply: drop cache entries the contexts do not account for."""
         self.session.ctx.repair()
-        dm = getattr(self.session.drafter, "model", None)
-        if dm is not None and hasattr(dm, "ctx"):
-            dm.ctx.repair()
+        self.session.drafter.repair()

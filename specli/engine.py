@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -34,6 +34,10 @@ try:
     import llama_cpp as L
 except ImportError as e:  # pragma: no cover - import guard for a broken install
     raise SpecliError(f"llama-cpp-python is not installed or failed to load: {e}") from None
+try:
+    from llama_cpp import llama_cpp_ext as LX
+except ImportError:  # pragma: no cover - a llama-cpp-python without the MTP staging API
+    LX = None
 
 _VOCAB_TYPES = {0: "NONE", 1: "SPM", 2: "BPE", 3: "WPM", 4: "UGM", 5: "RWKV", 6: "PLAMO2"}
 _backend_ready = False
@@ -60,6 +64,12 @@ def _init_backend() -> None:
 
 def supports_gpu_offload() -> bool:
     return bool(L.llama_supports_gpu_offload())
+
+
+def mtp_available() -> bool:
+    """Does this llama-cpp-python expose what MTP drafting needs?"""
+    return LX is not None and all(hasattr(LX, f) for f in (
+        "llama_set_embeddings_nextn", "llama_get_embeddings_nextn", "llama_get_embeddings_nextn_ith"))
 
 
 def system_info() -> str:
@@ -166,7 +176,7 @@ class Model:
 
 @dataclass
 class ContextConfig:
-    n_ctx: int = 4096
+    n_ctx: int  # tokens (0: the model's own); the session's default is settings.N_CTX
     n_batch: int = 512
     n_threads: int | None = None
     # exact numerics (tests): f32 KV cache and no flash attention, whose f16 accumulation
@@ -359,6 +369,45 @@ class Context:
         between llama_decode and the bookkeeping)."""
         if self.rollback_kind != "kv" or not L.llama_memory_seq_rm(self._mem, 0, len(self.tokens), -1):
             self._restore(len(self.tokens))
+
+    def listen(self, listener: DecodeListener, replay: bool = False) -> None:
+        """Tell ``listener`` about every decode and truncation from now on; ``replay``: decode
+        the cached tokens again first, so it hears those too."""
+        self.listeners.append(listener)
+        if replay and self.tokens:
+            saved = list(self.tokens)
+            self.clear()
+            self.eval(saved, "none")
+
+    def unlisten(self, listener: DecodeListener) -> None:
+        if listener in self.listeners:
+            self.listeners.remove(listener)
+
+    # -- MTP (NextN) layers -----------------------------------------------------------------
+    def mtp_context(self, cfg: ContextConfig) -> "Context":
+        """A context of type MTP over this context's model, reading this one's state
+        (llama.cpp's ``draft-mtp``). From now on this context exports a hidden row for every
+        token it decodes (:meth:`hidden_rows`), the MTP context one where logits are asked
+        (:meth:`hidden_row`). llama.cpp aborts the process on misuse, so the preconditions are
+        checked here first."""
+        if not mtp_available():
+            raise SpecliError("this llama-cpp-python has no MTP support (llama_cpp_ext nextn functions)")
+        if self.model.n_mtp_layers <= 0:
+            raise SpecliError(f"{self.model.name} has no MTP layers loaded (converted without its MTP block?)")
+        mtp = Context(self.model, replace(cfg, n_rs_seq=0), ctx_type=L.LLAMA_CONTEXT_TYPE_MTP, other=self)
+        LX.llama_set_embeddings_nextn(self._ctx, True, False)  # a hidden row for every token decoded
+        LX.llama_set_embeddings_nextn(mtp._ctx, True, True)  # rows only where logits are asked
+        return mtp
+
+    def hidden_rows(self, n: int) -> np.ndarray | None:
+        """A copy of the hidden rows of the last decode's ``n`` tokens (a context whose hidden
+        rows are exported: :meth:`mtp_context`); None when llama.cpp has none."""
+        ptr = LX.llama_get_embeddings_nextn(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n, self.model.n_embd)).copy() if ptr else None
+
+    def hidden_row(self, i: int) -> np.ndarray:
+        """A copy of the hidden row of the last decode's output ``i`` (an MTP context's own)."""
+        return np.ctypeslib.as_array(LX.llama_get_embeddings_nextn_ith(self._ctx, i), shape=(self.model.n_embd,)).copy()
 
     def clear(self) -> None:
         L.llama_memory_clear(self._mem, True)

@@ -116,16 +116,16 @@ def pair_for(opts, progress: Callable[[str], None] | None = None, hf_target: str
         raise SpecliError("--draft none is plain decoding: nothing to export (name a draft model, "
                           "'lookup' or 'auto')")
     given_target, given_draft = opts.target, opts.draft
-    tpath, dpath, prof = choose_models(opts, progress)
-    mtp = opts.drafter == "mtp"
-    plan, _, n_ctx = plan_for(opts, tpath, dpath)
+    tpath, asked, prof = choose_models(opts, progress)
+    plan, _, n_ctx = plan_for(opts, tpath, asked)
+    draft = asked.placed(plan)
     notes = [f"placement: {plan.summary}"]
-    if dpath and plan.draft == "lookup":
+    if asked.draft_path and not draft.draft_path:
         notes.append("the GPU cannot hold both models, so specli would draft with prompt lookup: exported that way")
-        dpath = None
+    dpath, mtp = draft.draft_path, draft.mtp
     tngl, dngl = gpu_layers(opts, plan)
     s = opts.spec
-    lookup = not (dpath or mtp) or s.hybrid
+    lookup = draft.kind.entry.lookup or not (dpath or mtp)
     threads = opts.threads or os.cpu_count() or 1
     n_batch = min(512, n_ctx)
     drafter = ("draft", dpath, dngl or 0) if dpath else ("mtp", tpath, tngl) if mtp else None

@@ -18,49 +18,78 @@ from specli.resolve import hub, models, profiles, vocab
 from specli.resolve.gguf_header import MTP_ARCHITECTURES, read_gguf, vocab_from_header
 from specli.resolve.local import draft_on_disk, profile_for
 from specli.resolve.profiles import ModelSpec, Profile
-from specli.speculate.adaptive import adaptive_drafter, lookup_drafter
-from specli.speculate.drafters import (
-    Drafter,
-    ModelDrafter,
-    NoDrafter,
-)
+from specli.speculate import registry
+from specli.speculate.adaptive import lookup_drafter
+from specli.speculate.drafters import Drafter, LookupDrafter, ModelDrafter, NoDrafter, PaidDrafter
 from specli.speculate.loop import Response, Stats, check_prompt_fits, generate
 from specli.speculate.mtp import MTPDrafter
-from specli.speculate.settings import SpecSettings
+from specli.speculate.registry import DraftKind, DraftMode, available, mode_for, with_lookup
+from specli.speculate.settings import N_CTX, SpecSettings
 from specli.speculate.verify import SamplingParams
 
 
 @dataclass
 class Options:
+    """What the user asked for (the command line's options, a profile's defaults filling the
+    rest). What runs is decided from these once, into a :class:`DraftPlan`."""
+
     target: str | None = None
-    draft: str = "auto"  # a model reference, "lookup", "auto" or "none"
+    draft: str = "auto"  # a model reference, "mtp", "lookup", "auto" or "none"
     profile: str | None = None
-    n_ctx: int = 4096
+    n_ctx: int = N_CTX
     threads: int | None = None
     gpu_layers: int | None = None  # None: the hardware plan decides
     draft_gpu_layers: int | None = None
     vram: str | None = None  # overrides the detected GPU budget (--vram / SPECLI_VRAM)
     spec: SpecSettings = field(default_factory=SpecSettings)
     f32_kv: bool = False
-    drafter: str = ""  # what --draft resolved to: none, lookup, model or mtp (set by choose_models)
     given: set[str] = field(default_factory=set)  # options the user typed: a profile does not override them
     notes: list[str] = field(default_factory=list)  # one-line decisions for stderr
 
 
-def plan_for(opts: Options, target_path: str, draft_path: str | None) -> tuple[Plan, Hardware, int]:
+@dataclass(frozen=True)
+class DraftPlan:
+    """Which drafter runs, decided once by the construction path (the options, the model
+    headers, then the hardware plan), never written back into the :class:`Options`."""
+
+    mode: DraftMode
+    draft_path: str | None = None  # the draft model's file, where the mode drafts with one
+
+    @property
+    def kind(self) -> DraftKind:
+        return self.mode.kind
+
+    @property
+    def mtp(self) -> bool:
+        """The target's own MTP layers draft: the target loads them."""
+        return self.kind.entry.paid is DraftKind.MTP
+
+    def placed(self, plan: Plan) -> DraftPlan:
+        """This plan as the hardware plan places it: where the GPU cannot hold the draft model
+        too, prompt lookup drafts instead."""
+        kind = DraftKind(plan.draft)
+        if kind is self.kind:
+            return self
+        return DraftPlan(mode_for(kind, self.mode.adaptive), self.draft_path if kind.entry.paid else None)
+
+    def modes(self) -> list[DraftMode]:
+        """Every mode a session of this plan can build (bench compares them)."""
+        return available(model=bool(self.draft_path), mtp=self.mtp)
+
+
+def plan_for(opts: Options, target_path: str, draft: DraftPlan) -> tuple[Plan, Hardware, int]:
     """The hardware plan for these models and options, from the headers alone."""
     th = read_gguf(target_path)
-    dh = read_gguf(draft_path) if draft_path else None
-    n_ctx_train = int(th.arch_key("context_length", 4096) or 4096)
+    dpath = draft.draft_path
+    dh = read_gguf(dpath) if dpath else None
+    n_ctx_train = int(th.arch_key("context_length", N_CTX) or N_CTX)
     n_ctx = min(opts.n_ctx, n_ctx_train) if opts.n_ctx > 0 else n_ctx_train
     hw = detect(opts.vram)
-    wants = "none" if opts.draft == "none" else ("model" if draft_path else
-                                                 "mtp" if opts.drafter == "mtp" else "lookup")
-    pays = bool(draft_path) and calibrate.draft_on_cpu_pays(
-        target_path, draft_path, opts.threads or os.cpu_count() or 1, min(512, n_ctx), opts.spec.draft_max)
+    pays = bool(dpath) and calibrate.draft_on_cpu_pays(
+        target_path, dpath, opts.threads or os.cpu_count() or 1, min(512, n_ctx), opts.spec.draft_max)
     plan = make_plan(memory_from_header(th, name="target"), memory_from_header(dh, name="draft") if dh else None,
                      hw.budget, n_ctx, hw.can_offload or hw.budget_source != "detected", bool(pays),
-                     wants_draft=wants)
+                     wants_draft=draft.kind.value)
     return plan, hw, n_ctx
 
 
@@ -73,20 +102,29 @@ def gpu_layers(opts: Options, plan: Plan) -> tuple[int, int]:
 
 
 def apply_profile_defaults(opts: Options, prof: Profile | None) -> None:
-    """A profile's defaults fill the options the user did not give."""
+    """A profile's defaults (profiles.DEFAULT_KEYS) fill the options the user did not give."""
     if prof is None:
         return
-    for key, attr in profiles.DEFAULTS.items():
-        if key in prof.defaults and key not in opts.given:
-            obj, name = (opts.spec, attr[5:]) if attr.startswith("spec.") else (opts, attr)
-            setattr(obj, name, type(getattr(obj, name))(prof.defaults[key]))
+    d = prof.defaults
+
+    def fills(key: str) -> bool:
+        return key in d and key not in opts.given
+
+    if fills("ctx"):
+        opts.n_ctx = int(d["ctx"])
+    if fills("draft_max"):
+        opts.spec.draft_max = int(d["draft_max"])
+    if fills("draft_p_min"):
+        opts.spec.draft_p_min = float(d["draft_p_min"])
 
 
 def choose_models(opts: Options, progress: Callable[[str], None] | None = None
-                  ) -> tuple[str, str | None, Profile | None]:
+                  ) -> tuple[str, DraftPlan, Profile | None]:
     """Resolve the target and the draft (``--draft auto`` included), refusing an incompatible
     pair from the GGUF headers before any weights are downloaded or loaded; the profile in
-    play (named, or found for the target) fills the options the user did not give."""
+    play (named, or found for the target) fills the options the user did not give. Returns
+    the target's file, the drafter asked for (before the hardware plan places it) and the
+    profile."""
     notes = opts.notes
     prof = profiles.get(opts.profile) if opts.profile else None
     if prof is None and not opts.target:
@@ -97,23 +135,27 @@ def choose_models(opts: Options, progress: Callable[[str], None] | None = None
             prof, opts.target = named, None
     tspec = prof.target if prof and not opts.target else ModelSpec((opts.target,))
     dspec: ModelSpec | None = None
-    opts.drafter = opts.draft if opts.draft in ("none", "lookup", "mtp") else "model"
     if opts.draft == "auto":
         prof = prof or (profile_for(opts.target, notes) if opts.target else None)
-        opts.drafter, dspec = _auto_draft(tspec, prof, notes)
-    elif opts.draft == "mtp":
+        source, dspec = _auto_draft(tspec, prof, notes)
+    elif opts.draft in (DraftKind.NONE, DraftKind.LOOKUP):
+        source = DraftKind(opts.draft)
+    elif opts.draft == DraftKind.MTP:
+        source = DraftKind.MTP
         th = models.header_of_spec(tspec)
         if not th.mtp_usable:
             raise SpecliError(_no_mtp(tspec.ref, th))
-    elif opts.draft not in ("none", "lookup"):
-        dspec = ModelSpec((opts.draft,))
+    else:
+        source, dspec = DraftKind.MODEL, ModelSpec((opts.draft,))
     if dspec is not None:
         th, dh = models.header_of_spec(tspec), models.header_of_spec(dspec)
         vocab.ensure_compatible(vocab_from_header(th), vocab_from_header(dh))
     tpath = models.resolve_spec(tspec, progress, notes)
     dpath = models.resolve_spec(dspec, progress, notes) if dspec else None
     apply_profile_defaults(opts, prof)
-    return tpath, dpath, prof
+    s = opts.spec
+    kind = DraftKind.NONE if s.draft_max == 0 else with_lookup(source, s.hybrid)
+    return tpath, DraftPlan(mode_for(kind, s.adaptive), dpath), prof
 
 
 def _no_mtp(ref: str, th) -> str:
@@ -123,7 +165,7 @@ def _no_mtp(ref: str, th) -> str:
             "converted without its MTP block)")
 
 
-def _auto_draft(tspec: ModelSpec, prof: Profile | None, notes: list[str]) -> tuple[str, ModelSpec | None]:
+def _auto_draft(tspec: ModelSpec, prof: Profile | None, notes: list[str]) -> tuple[DraftKind, ModelSpec | None]:
     """``--draft auto``: the target's own MTP layers when it has them, then a compatible draft
     model already on disk (local.draft_on_disk), then the profile's, else the smallest
     compatible GGUF of its family on the Hub, then prompt lookup. Each choice is one line on
@@ -131,22 +173,22 @@ def _auto_draft(tspec: ModelSpec, prof: Profile | None, notes: list[str]) -> tup
     th = models.header_of_spec(tspec)
     if th.mtp_usable:
         notes.append(f"--draft auto: the target's own MTP layers ({th.mtp_layers}), with prompt lookup")
-        return "mtp", None
+        return DraftKind.MTP, None
     if th.mtp_layers or (prof and prof.wants_mtp) or th.architecture in MTP_ARCHITECTURES:
         notes.append(f"note: {_no_mtp(os.path.basename(tspec.ref), th)}; looking for a draft model instead")
     if not (prof and prof.drafts and not prof.draft_models):  # unless the profile asks for lookup
         dspec = draft_on_disk(tspec, th, prof, notes.append)
         if dspec:
-            return "model", dspec
+            return DraftKind.MODEL, dspec
     if prof and prof.draft_models:
         dspec = prof.draft_models[0]
         notes.append(f"--draft auto: {dspec.ref} (profile {prof.name}), hybrid with prompt lookup")
-        return "model", dspec
+        return DraftKind.MODEL, dspec
     if prof and prof.drafts:  # the profile asks for lookup (or for MTP the file lacks)
         notes.append(f"--draft auto: prompt lookup (profile {prof.name})")
-        return "lookup", None
+        return DraftKind.LOOKUP, None
     dspec = _search_draft(tspec, notes)
-    return ("model" if dspec else "lookup"), dspec
+    return (DraftKind.MODEL if dspec else DraftKind.LOOKUP), dspec
 
 
 def _search_draft(tspec: ModelSpec, notes: list[str]) -> ModelSpec | None:
@@ -183,74 +225,66 @@ class Session:
 
     def __init__(self, opts: Options, progress: Callable[[str], None] | None = None, build_drafter: bool = True):
         self.opts = opts
-        target_path, draft_path, self.profile = choose_models(opts, progress)
-        self.plan, self.hardware, plan_ctx = plan_for(opts, target_path, draft_path)
+        target_path, asked, self.profile = choose_models(opts, progress)
+        self.plan, self.hardware, plan_ctx = plan_for(opts, target_path, asked)
         if self.hardware.budget is not None:
             opts.notes.append(self.plan.summary)
-        if draft_path and self.plan.draft == "lookup":
-            draft_path = None  # the GPU cannot hold both: the plan falls back to prompt lookup
-        self.draft_path = draft_path
+        self.draft = asked.placed(self.plan)  # what drafts, decided: the GPU may not hold the draft model too
         self.target_gpu_layers, self.draft_gpu_layers = gpu_layers(opts, self.plan)
         # the part of the target left on the CPU must fit in host memory: refuse before loading
         check_host_memory(memory_from_header(read_gguf(target_path), name=os.path.basename(target_path)),
                           self.target_gpu_layers, plan_ctx, *available_ram())
-        self.target = Model(target_path, n_gpu_layers=self.target_gpu_layers, load_mtp=opts.drafter == "mtp")
+        self.target = Model(target_path, n_gpu_layers=self.target_gpu_layers, load_mtp=self.draft.mtp)
         n_ctx = min(opts.n_ctx, self.target.n_ctx_train) if opts.n_ctx > 0 else self.target.n_ctx_train
         # hybrid/recurrent targets keep draft_max recurrent-state snapshots where llama.cpp can
         self.cfg = ContextConfig(n_ctx=n_ctx, n_threads=opts.threads, f32_kv=opts.f32_kv,
                                  n_rs_seq=opts.spec.draft_max)
         self.ctx = Context(self.target, self.cfg)
-        if self.target.recurrent and opts.draft != "none":
+        if self.target.recurrent and self.draft.kind is not DraftKind.NONE:
             how = (f"recurrent-state snapshots ({self.ctx.n_rs_seq})" if self.ctx.rollback_kind == "snapshots"
                    else "state checkpoints")
             opts.notes.append(f"{self.target.name} is a hybrid/recurrent model: rejected drafts roll back by {how}")
         self.draft_model: Model | None = None
-        self._model_drafter: ModelDrafter | None = None
-        self._mtp: MTPDrafter | None = None
+        self._paid: dict[DraftKind, PaidDrafter] = {}  # the draft model's and the MTP layers' drafters, shared
         self._verify_costs: list[float] | None = None
         # bench makes its own drafters, one per mode and run
-        self.drafter = self.drafter_for(self.default_mode()) if build_drafter else NoDrafter()
+        self.drafter = self.drafter_for(self.draft.mode) if build_drafter else NoDrafter()
 
-    # -- drafters -------------------------------------------------------------------------
-    def default_mode(self) -> str:
-        """The drafter the options ask for: none, lookup, model, hybrid, mtp, mtp-lookup
-        (+ "-fixed": always draft_max, no controller, no lookup)."""
-        o, s = self.opts, self.opts.spec
-        if o.draft == "none" or s.draft_max == 0:
-            return "none"
-        if self.target.n_mtp_layers:
-            kind = "mtp-lookup" if s.hybrid else "mtp"
-        else:
-            kind = ("hybrid" if s.hybrid else "model") if self.draft_path else "lookup"
-        if s.adaptive:
-            return kind
-        return {"hybrid": "model", "mtp-lookup": "mtp"}.get(kind, kind) + "-fixed"
+    @property
+    def draft_path(self) -> str | None:
+        """The draft model's file, when the session drafts with one."""
+        return self.draft.draft_path
 
-    def modes(self) -> list[str]:
-        """Every drafter mode this session can build (bench compares them)."""
-        out = ["none", "lookup", "lookup-fixed"]
-        if self.target.n_mtp_layers:
-            out += ["mtp", "mtp-lookup", "mtp-fixed"]
-        return out + (["model", "hybrid", "model-fixed"] if self.draft_path else [])
+    # -- drafters (registry.Parts) --------------------------------------------------------
+    @property
+    def settings(self) -> SpecSettings:
+        return self.opts.spec
 
-    def mtp_drafter(self) -> MTPDrafter:
-        """The target's own MTP layers as a drafter, made on first use and shared."""
-        if self._mtp is None:
-            # feeding the MTP layers is part of every target pass from now on; the cached verify
-            # curve may have been measured without it: real steps correct it (CostModel)
-            self._mtp = MTPDrafter(self.ctx, self.cfg, p_min=self.opts.spec.draft_p_min)
-        return self._mtp
+    def lookup(self) -> LookupDrafter:
+        """A fresh prompt-lookup drafter as the settings ask for it."""
+        return lookup_drafter(self.opts.spec)
 
-    def model_drafter(self) -> ModelDrafter:
-        """The draft model's drafter, loaded on first use and shared by every mode."""
-        if self._model_drafter is None:
-            if not self.draft_path:
-                raise SpecliError("no draft model: name one with --draft REF")
-            self.draft_model = Model(self.draft_path, n_gpu_layers=self.draft_gpu_layers or 0)
-            # the loaded vocabularies are what llama.cpp will actually use: check them too
-            vocab.ensure_compatible(self.target.vocab_info(), self.draft_model.vocab_info())
-            self._model_drafter = ModelDrafter(self.draft_model, self.cfg, p_min=self.opts.spec.draft_p_min)
-        return self._model_drafter
+    def paid(self, kind: DraftKind) -> PaidDrafter:
+        """The draft model's drafter (``MODEL``) or the target's MTP layers' (``MTP``), made on
+        first use and shared by every drafter the session builds."""
+        if kind not in self._paid:
+            self._paid[kind] = self._model_drafter() if kind is DraftKind.MODEL else self._mtp_drafter()
+        return self._paid[kind]
+
+    def _model_drafter(self) -> ModelDrafter:
+        if not self.draft_path:
+            raise SpecliError("no draft model: name one with --draft REF")
+        self.draft_model = Model(self.draft_path, n_gpu_layers=self.draft_gpu_layers or 0)
+        # the loaded vocabularies are what llama.cpp will actually use: check them too
+        vocab.ensure_compatible(self.target.vocab_info(), self.draft_model.vocab_info())
+        return ModelDrafter(self.draft_model, self.cfg, p_min=self.opts.spec.draft_p_min)
+
+    def _mtp_drafter(self) -> MTPDrafter:
+        # feeding the MTP layers is part of every target pass from now on; the cached verify
+        # curve may have been measured without it: real steps correct it (CostModel)
+        mtp = MTPDrafter(self.ctx, self.ctx.mtp_context(self.cfg), p_min=self.opts.spec.draft_p_min)
+        self.ctx.listen(mtp, replay=True)  # fed by every target decode, the cached tokens first
+        return mtp
 
     def verify_costs(self) -> list[float]:
         """The target's verify cost curve on this machine (calibrated once, cached)."""
@@ -258,25 +292,28 @@ class Session:
             self._verify_costs = calibrate.verify_costs(self.ctx, self.opts.spec.draft_max)
         return list(self._verify_costs)
 
-    def drafter_for(self, mode: str) -> Drafter:
-        """A fresh drafter of this mode over the session's models (bench makes one per run)."""
-        s = self.opts.spec
-        if mode == "none":
-            return NoDrafter()
-        kind, fixed = mode.removesuffix("-fixed"), mode.endswith("-fixed")
-        lookup = lookup_drafter(s) if kind in ("lookup", "hybrid", "mtp-lookup") else None
-        model: ModelDrafter | MTPDrafter | None = None
-        if kind in ("model", "hybrid"):
-            model = self.model_drafter()
-        elif kind in ("mtp", "mtp-lookup"):
-            model = self.mtp_drafter()
-        if fixed:
-            return lookup or model
-        if isinstance(model, MTPDrafter):
-            dcost = calibrate.cached_cost("mtp", self.ctx, model.token_cost)
-        else:
-            dcost = calibrate.draft_token_cost(model.ctx) if model else 0.0
-        return adaptive_drafter(s, self.verify_costs(), dcost, lookup, model)
+    def modes(self) -> list[DraftMode]:
+        """Every drafter mode this session can build (bench compares them)."""
+        return self.draft.modes()
+
+    def prepare(self, mode: DraftMode) -> None:
+        """Load and price what ``mode`` drafts with (the draft model or the MTP layers, the
+        verify and draft costs), so that no generation pays for it."""
+        e = mode.kind.entry
+        if e.paid:
+            paid = self.paid(e.paid)
+            if mode.adaptive:
+                paid.token_cost()
+        if mode.adaptive and mode.kind is not DraftKind.NONE:
+            self.verify_costs()
+
+    def drafter_for(self, mode: DraftMode | str) -> Drafter:
+        """A fresh drafter of ``mode`` (a mode or its name) over the session's models (bench
+        makes one per run), from the registry."""
+        m = registry.mode(mode) if isinstance(mode, str) else mode
+        if m not in self.modes():
+            raise SpecliError(f"this session cannot draft in mode '{m}' (it can: {', '.join(map(str, self.modes()))})")
+        return registry.build(m, self)
 
     def placement(self) -> dict:
         """Where each model runs, for reports."""
@@ -285,7 +322,7 @@ class Session:
                 "budget": self.hardware.budget, "budget_source": self.hardware.budget_source,
                 "target_gpu_layers": self.target_gpu_layers,
                 "draft_gpu_layers": self.draft_gpu_layers if self.draft_path else None,
-                "plan": self.plan.branch, "drafter": self.plan.draft}
+                "plan": self.plan.branch, "drafter": self.draft.mode.name}
 
     # -- generation -----------------------------------------------------------------------
     def prompt_tokens(self, text: str, chat: bool | None = None, system: str | None = None) -> list[int]:
@@ -311,8 +348,7 @@ class Session:
     def plain_rate_estimate(self) -> float | None:
         """Tokens/s plain decoding would have reached here: the controller's measured cost of a
         one-token pass (refreshed from this run's plain steps); None without a controller."""
-        ctl = getattr(self.drafter, "ctl", None)
-        return 1.0 / ctl.cost.verify[0] if ctl and ctl.cost.verify[0] > 0 else None
+        return self.drafter.plain_rate()
 
     def slower_than_plain(self, st: Stats, tolerance: float = 0.95) -> str | None:
         """A one-line warning when speculation ran measurably slower than plain decoding would."""
@@ -324,9 +360,8 @@ class Session:
 
     def close(self) -> None:
         self.drafter.close()
-        for shared in (self._model_drafter, self._mtp):
-            if shared:
-                shared.close()
+        for shared in self._paid.values():
+            shared.close()
         self.ctx.close()
         self.target.close()
         if self.draft_model:

@@ -24,16 +24,16 @@ def bench(target, draft, modes, **kw):
 
 
 def test_report_is_consistent(tiny_target, tiny_draft):
-    rep = bench(tiny_target, tiny_draft, ["plain", "lookup", "model", "hybrid", "model-fixed"],
+    rep = bench(tiny_target, tiny_draft, ["none", "lookup", "model", "hybrid", "model-fixed"],
                     max_tokens=24, chat=False).to_dict()
     modes = rep["modes"]
-    assert list(modes) == ["plain", "lookup", "model", "hybrid", "model-fixed"]
-    base = modes["plain"]["tokens_per_s"]
+    assert list(modes) == ["none", "lookup", "model", "hybrid", "model-fixed"]
+    base = modes["none"]["tokens_per_s"]
     for m, r in modes.items():
         assert r["tokens"] == 3 * 24
         assert r["tokens_per_s"] == pytest.approx(r["tokens"] / r["seconds"])
         assert r["speedup"] == pytest.approx(r["tokens_per_s"] / base)
-        if m != "plain":
+        if m != "none":
             assert r["lossless"] == {"a": "identical", "b": "identical", "c": "identical"}
     fixed = modes["model-fixed"]
     assert fixed["drafted"] > 0 and 0 < fixed["accepted"] <= fixed["drafted"]
@@ -46,13 +46,13 @@ def test_the_lossless_check_catches_a_broken_verifier(tiny_target, tiny_draft_un
         return len(draft), int(target_argmax[len(draft)])
 
     monkeypatch.setattr(verify_mod, "greedy_accept", accept_everything)
-    rep = bench(tiny_target, tiny_draft_unrelated, ["plain", "model-fixed"], max_tokens=24, chat=False)
+    rep = bench(tiny_target, tiny_draft_unrelated, ["none", "model-fixed"], max_tokens=24, chat=False)
     verdicts = rep.results["model-fixed"].lossless
     assert any(v != "identical" for v in verdicts.values())
     assert all("NOT a near-tie: likely a bug" in v for v in verdicts.values()), verdicts
     # and the same run with the real verifier is identical
     monkeypatch.undo()
-    rep = bench(tiny_target, tiny_draft_unrelated, ["plain", "model-fixed"], max_tokens=24, chat=False)
+    rep = bench(tiny_target, tiny_draft_unrelated, ["none", "model-fixed"], max_tokens=24, chat=False)
     assert set(rep.results["model-fixed"].lossless.values()) == {"identical"}
 
 
@@ -61,14 +61,14 @@ def test_cli_json_and_table(tmp_path, tiny_target):
     suite.write_text("prompts:\n  - id: one\n    text: Hello there\n  - id: two\n    text: Good morning\n")
     out = tmp_path / "r.json"
     rc, stdout, err = specli("bench", "--target", tiny_target, "--draft", "lookup", "--suite", str(suite),
-                             "-n", "16", "--modes", "plain,lookup", "--json", "--out", str(out))
+                             "-n", "16", "--modes", "none,lookup", "--json", "--out", str(out))
     assert rc == 0, err
     data = json.loads(stdout)
     assert data == json.loads(out.read_text())
-    assert set(data["modes"]) == {"plain", "lookup"} and data["suite"] == "s"
+    assert set(data["modes"]) == {"none", "lookup"} and data["suite"] == "s"
     rc, stdout, err = specli("bench", "--target", tiny_target, "--draft", "lookup", "--suite", str(suite),
-                             "-n", "16", "--modes", "plain,lookup")
-    assert rc == 0 and "suite s" in stdout and "speedup" in stdout and "plain" in stdout
+                             "-n", "16", "--modes", "none,lookup")
+    assert rc == 0 and "suite s" in stdout and "speedup" in stdout and "│ none " in stdout
 
 
 def test_suites():
@@ -87,7 +87,7 @@ def test_suites():
 
 
 def test_schedule_interleaves_modes_and_never_repeats_a_prompt_back_to_back():
-    modes = ["plain", "lookup", "lookup-fixed", "model", "hybrid", "model-fixed"]
+    modes = ["none", "lookup", "lookup-fixed", "model", "hybrid", "model-fixed"]
     for n in (3, 4, 5):
         s = schedule(modes, n)
         assert sorted(s) == sorted((p, m) for p in range(n) for m in modes)
@@ -103,13 +103,13 @@ def test_compare_llama_cpp_python_on_a_prompt_longer_than_its_batch(tmp_path, ti
     suite = tmp_path / "long.yaml"
     suite.write_text("prompts:\n  - id: long\n    text: " + json.dumps(text) + "\n")
     rc, out, err = specli("bench", "--target", tiny_target, "--draft", "lookup", "--suite", str(suite), "-n", "16",
-                          "--modes", "plain,lookup", "--compare-llama-cpp-python", "--ctx", "2048", "--json")
+                          "--modes", "none,lookup", "--compare-llama-cpp-python", "--ctx", "2048", "--json")
     assert rc == 0, err
     modes = json.loads(out)["modes"]
-    assert list(modes) == ["plain", "lookup", "llama-cpp-python-lookup"]
+    assert list(modes) == ["none", "lookup", "llama-cpp-python-lookup"]  # specli's modes first
     lcp = modes["llama-cpp-python-lookup"]
     assert lcp["error"] == "" and lcp["tokens"] == 16 and lcp["lossless"] == {"long": "identical"}
-    assert modes["plain"]["tokens"] == 16 and modes["plain"]["per_prompt"]["long"][0] > 0
+    assert modes["none"]["tokens"] == 16 and modes["none"]["per_prompt"]["long"][0] > 0
 
 
 def test_a_failing_comparison_mode_is_a_row_that_says_why(tiny_target, monkeypatch):
@@ -123,11 +123,11 @@ def test_a_failing_comparison_mode_is_a_row_that_says_why(tiny_target, monkeypat
             raise RuntimeError("no llama.cpp context\nfor this model")
 
     monkeypatch.setattr(bench_mod, "_LlamaCppPythonLookup", Broken)
-    rep = bench(tiny_target, "lookup", ["plain", "lookup", "llama-cpp-python-lookup"], max_tokens=12, chat=False)
+    rep = bench(tiny_target, "lookup", ["none", "lookup", "llama-cpp-python-lookup"], max_tokens=12, chat=False)
     modes = rep.to_dict()["modes"]
     assert modes["llama-cpp-python-lookup"]["error"] == "RuntimeError: no llama.cpp context for this model"
     assert modes["llama-cpp-python-lookup"]["tokens"] == 0
-    for m in ("plain", "lookup"):
+    for m in ("none", "lookup"):
         assert modes[m]["error"] == "" and modes[m]["tokens"] == 3 * 12 and len(modes[m]["per_prompt"]) == 3
     assert set(modes["lookup"]["lossless"].values()) == {"identical"}
     console = Console(record=True, width=160)

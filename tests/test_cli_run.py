@@ -31,7 +31,8 @@ def test_json_and_stats(tiny_target, tiny_draft):
     assert rc == 0, err
     d = _json(out)
     st = d["stats"]
-    assert st["mode"] == "model" and st["generated"] == 40 and st["stop"] == "length" and d["finish_reason"] == "length"
+    assert st["mode"] == "model-fixed" and st["generated"] == 40 and st["stop"] == "length"
+    assert d["finish_reason"] == "length"
     assert 0 < st["accepted"] <= st["drafted"]
     assert st["acceptance"] == pytest.approx(st["accepted"] / st["drafted"])
     assert st["mean_accepted"] == pytest.approx(st["accepted"] / st["spec_steps"])

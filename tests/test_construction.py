@@ -50,18 +50,18 @@ def test_bench_uses_the_hardware_plan(tmp_path, tiny_target, tiny_draft):
     suite.write_text("prompts:\n  - id: one\n    text: Hello there\n")
     env = _fake_nvidia_smi(tmp_path)
     rc, out, err = specli("bench", "--target", tiny_target, "--draft", tiny_draft, "--suite", str(suite), "-n", "8",
-                          "--modes", "plain,hybrid", "--vram", "4GiB", "--json", env=env)
+                          "--modes", "none,hybrid", "--vram", "4GiB", "--json", env=env)
     assert rc == 0, err
     p = json.loads(out)["placement"]
     # the plan puts both tiny models on the (pretended) GPU, as run would
     assert p["budget_source"] == "--vram" and p["devices"] == ["Fake GPU 9000"]
-    assert p["target_gpu_layers"] == -1 and p["draft_gpu_layers"] == -1 and p["drafter"] == "model"
+    assert p["target_gpu_layers"] == -1 and p["draft_gpu_layers"] == -1 and p["drafter"] == "hybrid"
     # the same plan run prints
     rc, out, err = specli("run", "--target", tiny_target, "--draft", tiny_draft, "--vram", "4GiB", "--plan", env=env)
-    assert rc == 0 and "target layers on GPU: all; drafter: model (draft layers on GPU: all)" in out
+    assert rc == 0 and "target layers on GPU: all; drafter: hybrid (draft layers on GPU: all)" in out
     # without a budget: CPU, and an explicit --gpu-layers wins over the plan
     rc, out, err = specli("bench", "--target", tiny_target, "--draft", "lookup", "--suite", str(suite), "-n", "8",
-                          "--modes", "plain,lookup", "--gpu-layers", "1", "--json")
+                          "--modes", "none,lookup", "--gpu-layers", "1", "--json")
     assert rc == 0, err
     assert json.loads(out)["placement"]["target_gpu_layers"] == 1
 

@@ -35,6 +35,13 @@ def cfg(n_rs_seq):
     return ContextConfig(n_ctx=512, n_batch=64, f32_kv=True, n_threads=2, n_rs_seq=n_rs_seq)
 
 
+def mtp_drafter(target, cfg):
+    """The MTP drafter over ``target`` wired as the session wires it."""
+    d = MTPDrafter(target, target.mtp_context(cfg), p_min=0.0)
+    target.listen(d, replay=True)
+    return d
+
+
 def run(model, prompt, make_drafter, n_rs_seq, k=4, n=48, params=SamplingParams(), ctx=None):
     c = ctx or Context(model, cfg(n_rs_seq))
     resp = generate(c, prompt, make_drafter(c), params, n, k)
@@ -60,7 +67,7 @@ def test_mtp_greedy_is_plain_greedy(tiny26, kind, n_rs_seq):
     for text in PROMPTS:
         prompt = model.tokenize(text)
         plain, *_ = run(model, prompt, lambda c: NoDrafter(), n_rs_seq)
-        out, st, c = run(model, prompt, lambda c: MTPDrafter(c, cfg(n_rs_seq), p_min=0.0), n_rs_seq)
+        out, st, c = run(model, prompt, lambda c: mtp_drafter(c, cfg(n_rs_seq)), n_rs_seq)
         assert out == plain, text
         assert c.tokens == prompt + out[:-1]  # the cache holds exactly what was kept
         drafted, accepted = drafted + st.drafted, accepted + st.accepted
@@ -136,7 +143,7 @@ def test_mtp_sampling_follows_the_target_distribution(tiny26):
     probs = np.array([exact[k] for k in keys])
     assert abs(probs.sum() - 1) < 1e-9
     gen = Context(model, cfg(SNAPSHOTS))
-    drafter = MTPDrafter(gen, cfg(SNAPSHOTS), p_min=0.0)
+    drafter = mtp_drafter(gen, cfg(SNAPSHOTS))
     counts, drafted, accepted = Counter(), 0, 0
     for seed in range(2000):
         out, st, _ = run(model, prompt, lambda c: drafter, SNAPSHOTS, k=2, n=3,
@@ -152,7 +159,7 @@ def test_mtp_sampling_follows_the_target_distribution(tiny26):
 def test_chat_on_a_hybrid_target_reuses_the_conversation(tiny26):
     path = tiny26("qwen35-mtp-partial")
     sess = Session(Options(target=path, draft="auto", f32_kv=True, threads=2))
-    assert sess.drafter.name == "mtp"
+    assert sess.drafter.name == "mtp-lookup"
     conv = Chat(sess, SamplingParams(), max_tokens=24)
     stream, _ = conv.send("Hello, who are you?")
     first = [t for ch in stream for t in ch.tokens]
@@ -207,8 +214,8 @@ def test_cli_draft_auto_picks_mtp_and_says_so(tiny26, tmp_path):
     assert "--draft auto: the target's own MTP layers (1), with prompt lookup" in err
     assert "rejected drafts roll back by recurrent-state snapshots" in err
     st = auto["stats"]
-    assert st["mode"] == "mtp" and st["drafted"] > 0 and st["accepted"] == st["drafted"]
-    assert "mode mtp" in err and auto["text"] == plain["text"] and auto["tokens"] == plain["tokens"]
+    assert st["mode"] == "mtp-lookup" and st["drafted"] > 0 and st["accepted"] == st["drafted"]
+    assert "mode mtp-lookup" in err and auto["text"] == plain["text"] and auto["tokens"] == plain["tokens"]
     # a GGUF without its MTP block: --draft mtp is one line, auto moves on to lookup
     rc, out, err = specli("run", "--target", tiny26("qwen35"), "--draft", "mtp", "--raw", "--prompt", "hi", env=env)
     assert rc != 0 and err.count("\n") == 1 and "has no MTP layers" in err
@@ -243,10 +250,10 @@ def test_check_plan_doctor_and_bench_know_mtp(tiny26, tmp_path):
     suite = tmp_path / "s.yaml"
     suite.write_text("prompts:\n  - id: one\n    text: Once upon a time\n  - id: two\n    text: def fibonacci(n)\n")
     rc, out, err = specli("bench", "--target", path, "--suite", str(suite), "-n", "16", "-t", "2",
-                          "--modes", "plain,mtp-fixed,lookup", "--json", env=env)
+                          "--modes", "none,mtp-fixed,lookup", "--json", env=env)
     assert rc == 0, err
     modes = json.loads(out)["modes"]
-    assert set(modes) == {"plain", "lookup", "mtp-fixed"}
+    assert set(modes) == {"none", "lookup", "mtp-fixed"}
     fixed = modes["mtp-fixed"]
     assert fixed["drafted"] > 0 and 0 < fixed["accepted"] < fixed["drafted"]
     assert set(fixed["lossless"].values()) <= {"identical"} or all("near-tie" in v for v in fixed["lossless"].values())

@@ -60,7 +60,7 @@ def test_small_budget_falls_back_to_lookup_and_keeps_the_greedy_output(real_mode
 def test_plan_and_doctor_on_a_cpu_machine(real_model):
     t, d = real_model(TARGET), real_model(DRAFT)
     rc, out, err = specli("run", "--target", t, "--draft", d, "--plan", "--vram", "3GiB")
-    assert rc == 0 and "[both-gpu]" in out and "target layers on GPU: all; drafter: model" in out
+    assert rc == 0 and "[both-gpu]" in out and "target layers on GPU: all; drafter: hybrid" in out
     rc, out, err = specli("run", "--target", t, "--draft", d, "--plan")
     assert rc == 0 and "GPU budget   none (CPU only)" in out and "[cpu]" in out
     rc, out, err = specli("doctor")

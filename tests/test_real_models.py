@@ -123,10 +123,10 @@ def test_bench_on_the_real_pair(paths, tmp_path):
                      "  - id: fib\n    text: Write a Python function that returns the n-th Fibonacci number.\n"
                      "  - id: rev\n    text: Write a C function that reverses a string in place.\n")
     rc, out, err = specli("bench", "--target", paths[TARGET], "--draft", paths[DRAFT], "--suite", str(suite),
-                          "-n", "32", "--modes", "plain,lookup,model-fixed,hybrid", "--json")
+                          "-n", "32", "--modes", "none,lookup,model-fixed,hybrid", "--json")
     assert rc == 0, err
     modes = json.loads(out)["modes"]
-    base = modes["plain"]["tokens_per_s"]
+    base = modes["none"]["tokens_per_s"]
     for m, r in modes.items():
         assert r["speedup"] == pytest.approx(r["tokens_per_s"] / base)
         for pid, verdict in r["lossless"].items():

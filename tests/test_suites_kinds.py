@@ -131,7 +131,7 @@ def test_bench_runs_a_conversation_suite(tmp_path, tiny_target):
                                          {"role": "user", "content": "Say it again."}]},
         {"id": "plain", "text": "Once upon a time"}]}))
     rc, out, err = specli("bench", "--target", tiny_target, "--draft", "lookup", "--suite", str(suite),
-                          "-n", "8", "--modes", "plain,lookup", "--json")
+                          "-n", "8", "--modes", "none,lookup", "--json")
     assert rc == 0, err
     data = json.loads(out)
-    assert set(data["modes"]["plain"]["per_prompt"]) == {"two-turns", "plain"}
+    assert set(data["modes"]["none"]["per_prompt"]) == {"two-turns", "plain"}

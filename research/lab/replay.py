@@ -28,12 +28,19 @@ from typing import Callable, Sequence
 
 from specli.engine import Context
 from specli.errors import SpecliError
-from specli.resolve.wheels import cache_dir
 from specli.speculate.controller import block_ratio
-from specli.speculate.drafters import Draft, Drafter, NoDrafter, Source, greedy_drafts, row_top
+from specli.speculate.drafters import (
+    Draft,
+    Drafter,
+    NoDrafter,
+    Source,
+    greedy_drafts,
+    row_top,
+)
 from specli.speculate.loop import generate
 from specli.speculate.verify import SamplingParams
 from specli.tokens import common_prefix
+from specli.util import cache_root
 
 TRACE_VERSION = 3
 UNKNOWN = -1  # a drafted token after the draft went wrong: never the answer's
@@ -162,7 +169,7 @@ def load_traces(path: Path) -> list[Trace] | None:
 
 
 def traces_dir() -> Path:
-    return cache_dir().parent / "traces"  # beside the models and the calibration
+    return cache_root() / "traces"  # beside the models and the calibration
 
 
 # -- costs -------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ Examples:
 
   specli bench --target model.gguf --draft lookup --suite grounded --json --out report.json
 
-  specli bench --target model.gguf --suite my_prompts.yaml --modes plain,lookup --repeat 2
+  specli bench --target model.gguf --suite my_prompts.yaml --modes none,lookup --repeat 2
 """
 
 
@@ -46,8 +46,9 @@ def bench(
     draft: str = DRAFT_OPTION,
     suite: str = typer.Option("code,grounded,chat,unpredictable", "--suite", "-s",
                               help="Suite names (comma-separated) or a YAML/JSONL file of prompts."),
-    modes: str = typer.Option("plain,lookup,model,hybrid,mtp,mtp-lookup", "--modes",
-                              help="Modes to compare: plain, lookup, model, hybrid, mtp, mtp-lookup, lookup-fixed, "
+    modes: str = typer.Option("none,lookup,model,hybrid,mtp,mtp-lookup", "--modes",
+                              help="Modes to compare, named as --draft and --stats name them: none (plain "
+                                   "decoding, the baseline), lookup, model, hybrid, mtp, mtp-lookup, lookup-fixed, "
                                    "model-fixed, mtp-fixed (those the models allow)."),
     max_tokens: int = typer.Option(128, "--max-tokens", "-n", min=1, help="Tokens per prompt."),
     repeat: int = typer.Option(1, "--repeat", min=1, help="Measured passes over the suite."),
@@ -65,19 +66,19 @@ def bench(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from specli.measure.bench import run_bench
+    from specli.measure.bench import LCP, parse_modes, run_bench
     from specli.measure.suite import load_suite
     from specli.session import Options, Session
     from specli.speculate.settings import SpecSettings
 
+    mode_list = parse_modes(modes)  # a wrong name fails before any model loads
+    if compare_lcp:
+        mode_list.append(LCP)
     opts = Options(target=target, draft=draft, profile=profile, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers,
                    vram=vram, given=given_options(click_ctx), spec=SpecSettings(draft_max=draft_max))
     sess = Session(opts, progress=err, build_drafter=False)
     for note in opts.notes:
         err(note)
-    mode_list = [m.strip() for m in modes.split(",") if m.strip()]
-    if compare_lcp:
-        mode_list.append("llama-cpp-python-lookup")
     suites = [load_suite(s.strip()) for s in suite.split(",") if s.strip()] if not os.path.exists(suite) \
         else [load_suite(suite)]
     console = Console(stderr=True)

@@ -7,9 +7,12 @@ from typing import Optional
 import typer
 
 from specli.cli.common import (
+    ADAPTIVE_OPTION,
     CTX_OPTION,
+    DRAFT_GPU_LAYERS_OPTION,
     DRAFT_MAX_OPTION,
     DRAFT_OPTION,
+    DRAFT_P_MIN_OPTION,
     GPU_LAYERS_OPTION,
     LOOKUP_OPTION,
     PROFILE_OPTION,
@@ -77,10 +80,13 @@ def chat(
     top_p: float = TOP_P_OPTION,
     seed: Optional[int] = SEED_OPTION,
     draft_max: int = DRAFT_MAX_OPTION,
+    draft_p_min: float = DRAFT_P_MIN_OPTION,
+    adaptive: bool = ADAPTIVE_OPTION,
     lookup: bool = LOOKUP_OPTION,
     ctx: int = CTX_OPTION,
     threads: Optional[int] = THREADS_OPTION,
     gpu_layers: Optional[int] = GPU_LAYERS_OPTION,
+    draft_gpu_layers: Optional[int] = DRAFT_GPU_LAYERS_OPTION,
     vram: Optional[str] = VRAM_OPTION,
     show_drafts: bool = typer.Option(False, "--show-drafts", help="Colour the tokens that came from the drafter."),
 ):
@@ -91,7 +97,8 @@ def chat(
     from specli.speculate.verify import SamplingParams
 
     opts = Options(target=target, draft=draft, profile=profile, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers,
-                   vram=vram, given=given_options(click_ctx), spec=SpecSettings(draft_max=draft_max, hybrid=lookup))
+                   draft_gpu_layers=draft_gpu_layers, vram=vram, given=given_options(click_ctx),
+                   spec=SpecSettings(draft_max=draft_max, draft_p_min=draft_p_min, adaptive=adaptive, hybrid=lookup))
     sess = Session(opts, progress=err)
     if sess.target.chat_template() is None:
         raise SpecliError(f"{sess.target.name} has no chat template; use specli run --raw")

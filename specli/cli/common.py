@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from specli.errors import SpecliError
-from specli.speculate.settings import DEFAULTS
+from specli.speculate.settings import DEFAULTS, N_CTX
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
@@ -108,12 +108,12 @@ def read_prompt(prompt: Optional[str], file: Optional[str]) -> str:
 def given_options(click_ctx: typer.Context) -> set[str]:
     """The options a profile could fill that the user typed (those stay as typed). Compared by
     name: Typer may carry its own copy of click, whose ParameterSource is another enum."""
-    from specli.resolve.profiles import DEFAULTS
+    from specli.resolve.profiles import DEFAULT_KEYS
 
     def typed(p: str) -> bool:
         src = click_ctx.get_parameter_source(p)
         return src is not None and src.name != "DEFAULT"
-    return {p for p in DEFAULTS if typed(p)}
+    return {p for p in DEFAULT_KEYS if typed(p)}
 
 
 TARGET_HELP = ("Target model: a GGUF path, org/repo:QUANT on the Hub, ollama:NAME[:TAG], lmstudio:PUBLISHER/REPO, "
@@ -133,7 +133,7 @@ SEED_OPTION = typer.Option(None, "--seed", help="Random seed for sampling.")
 DRAFT_MAX_OPTION = typer.Option(DEFAULTS.draft_max, "--draft-max", min=0, help="Most tokens drafted per step.")
 LOOKUP_OPTION = typer.Option(True, "--lookup/--no-lookup",
                              help="With a draft model, also copy from the context when it repeats.")
-CTX_OPTION = typer.Option(4096, "--ctx", "-c", min=0, help="Context size in tokens (0: the model's own).")
+CTX_OPTION = typer.Option(N_CTX, "--ctx", "-c", min=0, help="Context size in tokens (0: the model's own).")
 THREADS_OPTION = typer.Option(None, "--threads", "-t", min=1, help="CPU threads.")
 GPU_LAYERS_OPTION = typer.Option(None, "--gpu-layers", "-ngl",
                                  help="Target layers on the GPU (-1: all; default: the hardware plan).")

@@ -142,29 +142,32 @@ def run(
 
 
 def print_plan(opts) -> None:
-    from specli.hardware.plan import fmt, memory_from_header
+    from specli.hardware.plan import memory_from_header
     from specli.resolve.gguf_header import read_gguf
     from specli.session import choose_models, plan_for
+    from specli.util import fmt_size
 
-    tpath, dpath, _ = choose_models(opts, progress=err)
+    tpath, asked, _ = choose_models(opts, progress=err)
     for note in opts.notes:
         err(note)
-    p, hw, n_ctx = plan_for(opts, tpath, dpath)
-    budget = "none (CPU only)" if hw.budget is None else f"{fmt(hw.budget)} ({hw.budget_source})"
+    p, hw, n_ctx = plan_for(opts, tpath, asked)
+    draft = asked.placed(p)
+    budget = "none (CPU only)" if hw.budget is None else f"{fmt_size(hw.budget)} ({hw.budget_source})"
     print(f"backend      {', '.join(hw.backends)} (GPU offload {'yes' if hw.can_offload else 'no'})")
     print(f"GPU budget   {budget}")
     print(f"context      {n_ctx} tokens")
-    for label, path in (("target", tpath), ("draft", dpath)):
+    for label, path in (("target", tpath), ("draft", asked.draft_path)):
         if path:
             h = read_gguf(path)
             m = memory_from_header(h, name=label)
             mtp = f" (MTP layers: {h.mtp_layers})" if h.mtp_layers else ""
-            print(f"{label:<12} {os.path.basename(path)}: weights {fmt(m.weights)} in {m.n_layer} layers{mtp}, "
-                  f"KV {fmt(m.kv(n_ctx))}, buffers {fmt(m.compute())}, all on GPU {fmt(m.gpu_bytes(-1, n_ctx))}")
+            print(f"{label:<12} {os.path.basename(path)}: weights {fmt_size(m.weights)} in {m.n_layer} layers{mtp}, "
+                  f"KV {fmt_size(m.kv(n_ctx))}, buffers {fmt_size(m.compute())}, "
+                  f"all on GPU {fmt_size(m.gpu_bytes(-1, n_ctx))}")
     layers = "all" if p.target_gpu_layers < 0 else str(p.target_gpu_layers)
     dl = "all" if p.draft_gpu_layers < 0 else str(p.draft_gpu_layers)
-    print(f"plan         target layers on GPU: {layers}; drafter: {p.draft}"
-          + (f" (draft layers on GPU: {dl})" if p.draft == "model" else ""))
+    print(f"plan         target layers on GPU: {layers}; drafter: {draft.mode}"
+          + (f" (draft layers on GPU: {dl})" if draft.draft_path else ""))
     print(f"why          {p.summary} [{p.branch}]")
 
 
@@ -173,20 +176,20 @@ def print_plan(opts) -> None:
 def doctor(vram: Optional[str] = typer.Option(None, "--vram", help="Pretend this much GPU memory is free.")):
     """What this machine and this llama.cpp build can do, and how to fix a build that cannot use the GPU."""
     from specli.hardware.devices import detect, reinstall_hint
-    from specli.hardware.plan import fmt
+    from specli.util import fmt_size
 
     hw = detect(vram)
     print(f"llama-cpp-python {hw.llama_cpp_python}; backends: {', '.join(hw.backends)}")
     print(f"GPU offload in this build: {'yes' if hw.can_offload else 'no'}")
     if hw.devices:
         for d in hw.devices:
-            print(f"device: {d.name} ({d.kind}), {fmt(d.free)} free of {fmt(d.total)}")
+            print(f"device: {d.name} ({d.kind}), {fmt_size(d.free)} free of {fmt_size(d.total)}")
     else:
         print("devices: no GPU found (nvidia-smi absent or silent; not Apple silicon): CPU only")
-    budget = "none" if hw.budget is None else f"{fmt(hw.budget)} ({hw.budget_source})"
+    budget = "none" if hw.budget is None else f"{fmt_size(hw.budget)} ({hw.budget_source})"
     print(f"budget specli plans with: {budget}")
     print(f"CPU threads: {hw.threads}")
-    from specli.speculate.mtp import mtp_available
+    from specli.engine import mtp_available
     print(f"MTP self-speculation (models with MTP layers, --draft mtp): {'yes' if mtp_available() else 'no'}; "
           "hybrid/recurrent targets: rollback by snapshots or checkpoints")
     print(f"llama.cpp: {hw.system_info}")

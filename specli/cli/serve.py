@@ -9,8 +9,10 @@ import typer
 from specli.cli.common import (
     ADAPTIVE_OPTION,
     CTX_OPTION,
+    DRAFT_GPU_LAYERS_OPTION,
     DRAFT_MAX_OPTION,
     DRAFT_OPTION,
+    DRAFT_P_MIN_OPTION,
     GPU_LAYERS_OPTION,
     LOOKUP_OPTION,
     PROFILE_OPTION,
@@ -56,11 +58,13 @@ def serve(
     temp: float = typer.Option(1.0, "--temp", min=0.0, max=2.0,
                                help="Temperature for requests that give none (OpenAI's default, 1)."),
     draft_max: int = DRAFT_MAX_OPTION,
+    draft_p_min: float = DRAFT_P_MIN_OPTION,
     adaptive: bool = ADAPTIVE_OPTION,
     lookup: bool = LOOKUP_OPTION,
     ctx: int = CTX_OPTION,
     threads: Optional[int] = THREADS_OPTION,
     gpu_layers: Optional[int] = GPU_LAYERS_OPTION,
+    draft_gpu_layers: Optional[int] = DRAFT_GPU_LAYERS_OPTION,
     vram: Optional[str] = VRAM_OPTION,
     log_level: str = typer.Option("warning", "--log-level",
                                   help="uvicorn's log level: warning, info (one line per request), debug, ..."),
@@ -87,8 +91,8 @@ def serve(
     api_key = api_key or None  # an empty SPECLI_API_KEY is no key
     check_bind(host, port, api_key)
     opts = Options(target=target, draft=draft, profile=profile, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers,
-                   vram=vram, given=given_options(click_ctx),
-                   spec=SpecSettings(draft_max=draft_max, adaptive=adaptive, hybrid=lookup))
+                   draft_gpu_layers=draft_gpu_layers, vram=vram, given=given_options(click_ctx),
+                   spec=SpecSettings(draft_max=draft_max, draft_p_min=draft_p_min, adaptive=adaptive, hybrid=lookup))
     sess = Session(opts, progress=err)
     for note in opts.notes:
         err(note)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from specli.engine import Context, system_info
-from specli.resolve.wheels import cache_dir
+from specli.util import cache_root
 
 CALIBRATION_VERSION = 2
 
@@ -59,7 +59,7 @@ def draft_on_cpu_pays(target_path: str, draft_path: str, threads: int, n_batch: 
 
 
 def _path() -> Path:
-    return cache_dir().parent / "calibration.json"
+    return cache_root() / "calibration.json"
 
 
 def _load() -> dict:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from specli.errors import SpecliError
 from specli.resolve.gguf_header import GGUFHeader
-from specli.resolve.wheels import fmt_size
+from specli.util import fmt_size
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -106,60 +106,60 @@ def memory_from_header(h: GGUFHeader, kv_type_bytes: float = 2.0, name: str = ""
 @dataclass(frozen=True)
 class Plan:
     target_gpu_layers: int  # -1: all
-    draft: str  # "model" or "lookup" (or "none": the user asked for plain decoding)
+    # what drafts, as specli.speculate.registry.DraftKind names it: the kind asked for, or
+    # "lookup" where the draft model it needs does not fit
+    draft: str
     draft_gpu_layers: int
     branch: str  # which rule decided
     summary: str  # one line for stderr
 
 
-
-def fmt(n: int) -> str:
-    return f"{n / GiB:.1f} GiB"
-
-
 def make_plan(target: ModelMemory, draft: ModelMemory | None, budget: int | None, n_ctx: int,
               can_offload: bool, draft_cpu_pays: bool = False, n_batch: int = 512,
               wants_draft: str = "model") -> Plan:
-    """``budget``: free device memory in bytes (None: no GPU). ``draft_cpu_pays``: the draft
-    model measured fast enough on the CPU to help a target on the GPU. ``wants_draft``: what the
-    user asked for ("model", "lookup", "none")."""
-    dmode = "model" if draft is not None and wants_draft == "model" else wants_draft
-    if dmode == "model" and draft is None:
-        dmode = "lookup"
+    """``budget``: free device memory in bytes (None: no GPU). ``draft``: the draft model, when
+    the kind asked for (``wants_draft``: "model", "hybrid", "lookup", "mtp", "none", ...)
+    drafts with one. ``draft_cpu_pays``: the draft model measured fast enough on the CPU to
+    help a target on the GPU."""
+    dmode = wants_draft
     if not can_offload or budget is None or budget <= 0:
         why = "no GPU offload in this llama.cpp build" if not can_offload else "no GPU found"
         return Plan(0, dmode, 0, "cpu", f"{why}: everything on the CPU")
     t_full = target.gpu_bytes(-1, n_ctx, n_batch)
     t_w = target.gpu_bytes(-1, 0, n_batch) - target.compute(n_batch)
     t_kv = target.kv(n_ctx)
-    if dmode == "model":
+    if draft is not None:
         d_full = draft.gpu_bytes(-1, n_ctx, n_batch)
         d_w = draft.gpu_bytes(-1, 0, n_batch) - draft.compute(n_batch)
         need = t_full + d_full
-        parts = (f"target {fmt(t_w)} + draft {fmt(d_w)} + KV {fmt(t_kv + draft.kv(n_ctx))} + buffers "
-                 f"{fmt(target.compute(n_batch) + draft.compute(n_batch))}")
+        parts = (f"target {fmt_size(t_w)} + draft {fmt_size(d_w)} + KV {fmt_size(t_kv + draft.kv(n_ctx))} "
+                 f"+ buffers {fmt_size(target.compute(n_batch) + draft.compute(n_batch))}")
         if need <= budget:
-            return Plan(-1, "model", -1, "both-gpu", f"{parts} = {fmt(need)} <= {fmt(budget)} free: both on the GPU")
+            return Plan(-1, dmode, -1, "both-gpu",
+                        f"{parts} = {fmt_size(need)} <= {fmt_size(budget)} free: both on the GPU")
         if t_full <= budget and draft_cpu_pays:
-            return Plan(-1, "model", 0, "draft-cpu",
-                        f"{parts} > {fmt(budget)} free: target on the GPU, draft on the CPU (fast enough there)")
+            return Plan(-1, dmode, 0, "draft-cpu",
+                        f"{parts} > {fmt_size(budget)} free: target on the GPU, draft on the CPU (fast enough there)")
         if t_full <= budget:
             return Plan(-1, "lookup", 0, "target-gpu-lookup",
-                        f"{parts} > {fmt(budget)} free: target on the GPU, using prompt lookup instead of the draft")
+                        f"{parts} > {fmt_size(budget)} free: target on the GPU, "
+                        "using prompt lookup instead of the draft")
     elif t_full <= budget:
         return Plan(-1, dmode, 0, "target-gpu",
-                    f"target {fmt(t_w)} + KV {fmt(t_kv)} = {fmt(t_full)} <= {fmt(budget)} free: target on the GPU")
+                    f"target {fmt_size(t_w)} + KV {fmt_size(t_kv)} = {fmt_size(t_full)} <= {fmt_size(budget)} free: "
+                    "target on the GPU")
     # the target does not fit whole: offload as many layers as fit, draft with lookup
     n = target.n_layer
     while n > 0 and target.gpu_bytes(n, n_ctx, n_batch) > budget:
         n -= 1
-    fallback = "lookup" if dmode == "model" else dmode
+    fallback = "lookup" if draft is not None else dmode
     if n > 0:
         return Plan(n, fallback, 0, "partial-lookup",
-                    f"target {fmt(t_full)} > {fmt(budget)} free: {n}/{target.n_layer} target layers on the GPU"
+                    f"target {fmt_size(t_full)} > {fmt_size(budget)} free: "
+                    f"{n}/{target.n_layer} target layers on the GPU"
                     + (", using prompt lookup" if fallback == "lookup" else ""))
     return Plan(0, fallback, 0, "cpu-lookup",
-                f"not even one target layer fits in {fmt(budget)} free: everything on the CPU"
+                f"not even one target layer fits in {fmt_size(budget)} free: everything on the CPU"
                 + (", using prompt lookup" if fallback == "lookup" else ""))
 
 

@@ -3,8 +3,10 @@
 Each prompt of a suite runs in each mode against the same loaded target; modes are measured
 in turn over all prompts so the same prompt never runs twice in a row, and every mode gets a
 warm-up first. Rates exclude prompt processing (all modes prefill alike). At temperature 0,
-every mode's tokens are compared with plain decoding's; where they part, the report gives the
-position and the target's top-2 margin there.
+every mode's tokens are compared with plain decoding's (mode ``none``); where they part, the
+report gives the position and the target's top-2 margin there. Modes are named as everywhere
+(:data:`specli.speculate.registry.MODES`); ``llama-cpp-python-lookup`` is the one comparison row
+of another tool.
 """
 
 from __future__ import annotations
@@ -17,16 +19,21 @@ from typing import TYPE_CHECKING, Callable
 from specli.measure.lossless import divergence
 from specli.measure.suite import Suite
 from specli.prompt import prompt_tokens
+from specli.speculate import registry
 from specli.speculate.loop import AcceptanceRates, Stats
 from specli.speculate.verify import SamplingParams
 
 if TYPE_CHECKING:
     from specli.session import Session
 
-MODES = ("plain", "lookup", "lookup-fixed", "llama-cpp-python-lookup", "model", "hybrid", "model-fixed",
-         "mtp", "mtp-lookup", "mtp-fixed")
-NEEDS_DRAFT = ("model", "hybrid", "model-fixed")
-NEEDS_NOTHING = ("plain", "llama-cpp-python-lookup")
+PLAIN = registry.DraftKind.NONE.value  # the baseline every mode is compared with
+LCP = "llama-cpp-python-lookup"  # llama-cpp-python's own prompt lookup (--compare-llama-cpp-python)
+ORDER = (*registry.MODES, LCP)  # the order reports list modes in
+
+
+def parse_modes(text: str) -> list[str]:
+    """``--modes``: comma-separated mode names (registry.MODES); a wrong one is a one-line error."""
+    return [registry.mode(m).name for m in text.split(",") if m.strip()]
 
 
 @dataclass
@@ -151,8 +158,11 @@ def run_bench(sess: Session, suite: Suite, modes: list[str], max_tokens: int = 1
     use_chat = target.chat_template() is not None if chat is None else chat
     prompts = [(p, prompt_tokens(target, p, use_chat)) for p in suite.prompts]
     lcp = None
-    available = set(sess.modes())
-    modes = [m for m in MODES if m in modes and (m in NEEDS_NOTHING or _as_session_mode(m) in available)]
+    for m in modes:
+        if m != LCP:
+            registry.mode(m)  # an unknown name is an error, not a mode quietly left out
+    available = {m.name: m for m in sess.modes()}
+    modes = [m for m in ORDER if m in modes and (m == LCP or m in available)]
     results = {m: ModeResult(m) for m in modes}
     total = len(modes) * (len(prompts) * repeat + 1)
     # llama-cpp-python's score buffer is n_ctx rows of n_vocab floats: only the room the longest run needs
@@ -160,12 +170,13 @@ def run_bench(sess: Session, suite: Suite, modes: list[str], max_tokens: int = 1
     done = 0
 
     def one(mode: str, sp, toks: list[int], n: int) -> tuple[list[int], Stats]:
-        if mode == "llama-cpp-python-lookup":
+        if mode == LCP:
             out, secs = lcp.run(toks, n, target.is_eog)
             return out, Stats(generated=len(out), t_generate=secs)
+        drafter = sess.drafter_for(available[mode])  # built before its run: loaded and priced at the warm-up
         ctx.clear()
         params = SamplingParams(sp.temperature, sp.top_k, sp.top_p, seed=1234)
-        resp = sess.generate(toks, params, n, sess.drafter_for(_as_session_mode(mode)))
+        resp = sess.generate(toks, params, n, drafter)
         out = [t for ch in resp for t in ch.tokens]
         return out, resp.stats
 
@@ -184,16 +195,22 @@ def run_bench(sess: Session, suite: Suite, modes: list[str], max_tokens: int = 1
         return BenchReport(target.path, sess.draft_path, suite.name, max_tokens, repeat, ctx.threads, results,
                            sess.placement())
 
-    # warm-ups, modes without the draft model first: peak memory with and without it
-    for mode in sorted(modes, key=lambda m: m in NEEDS_DRAFT):
+    # warm-ups, modes without the draft model first: peak memory with and without it; each
+    # mode's models are loaded and its costs measured (calibrated once per machine) before it runs
+    def needs_draft(m: str) -> bool:
+        return m != LCP and available[m].kind.entry.paid is registry.DraftKind.MODEL
+
+    for mode in sorted(modes, key=needs_draft):
         if progress:
             progress(f"{mode}: warm-up", done, total)
         try:
-            if mode == "llama-cpp-python-lookup":
+            if mode != LCP:
+                sess.prepare(available[mode])
+            if mode == LCP:
                 lcp = _LlamaCppPythonLookup(target.path, lcp_ctx, ctx.threads, draft_max, sess.target_gpu_layers)
             one(mode, prompts[-1][0], prompts[-1][1], 16)
         except Exception as e:  # noqa: BLE001 - a comparison mode that fails is a row that says so
-            if mode != "llama-cpp-python-lookup":
+            if mode != LCP:
                 raise
             results[mode].error = _one_line(e)
         done += 1
@@ -214,7 +231,7 @@ def run_bench(sess: Session, suite: Suite, modes: list[str], max_tokens: int = 1
             try:
                 measure(mode, sp, toks, rep == 0)
             except Exception as e:  # noqa: BLE001
-                if mode != "llama-cpp-python-lookup":
+                if mode != LCP:
                     raise
                 results[mode].error = _one_line(e)
             done += 1
@@ -226,20 +243,14 @@ def run_bench(sess: Session, suite: Suite, modes: list[str], max_tokens: int = 1
 def _compare(ctx, outputs: dict, results: dict[str, ModeResult]) -> None:
     """Every mode's greedy tokens against plain decoding's (each prompt once), and speedups."""
     for (mode, pid), (toks, out) in outputs.items():
-        ref = outputs.get(("plain", pid))
-        if mode != "plain" and ref is not None and pid not in results[mode].lossless:
+        ref = outputs.get((PLAIN, pid))
+        if mode != PLAIN and ref is not None and pid not in results[mode].lossless:
             d = divergence(ctx, toks, ref[1], out)
             results[mode].lossless[pid] = "identical" if d is None else d.describe()
-    base = results["plain"].tokens_per_s if "plain" in results else 0.0
+    base = results[PLAIN].tokens_per_s if PLAIN in results else 0.0
     for r in results.values():
         r.speedup = r.tokens_per_s / base if base and r.tokens else None
 
 
 def _one_line(e: Exception) -> str:
     return " ".join(f"{type(e).__name__}: {e}".split())
-
-
-def _as_session_mode(mode: str) -> str:
-    return "none" if mode == "plain" else mode
-
-

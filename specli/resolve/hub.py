@@ -16,6 +16,7 @@ from typing import Callable
 from specli.errors import SpecliError
 from specli.resolve import hfcache, integrity
 from specli.resolve.gguf_header import GGUFHeader, read_gguf, read_header
+from specli.util import fmt_size
 
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.I)
 _QUANT = re.compile(r"(?:^|[-_.])((?:I?Q\d[_A-Z0-9]*)|F16|BF16|F32)(?:[-_.]|$)", re.I)
@@ -263,7 +264,6 @@ def _fetch(ref: HubRef, force: bool = False) -> str:
 def _no_space(ref: HubRef) -> SpecliError:
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
 
-    from specli.resolve.wheels import fmt_size
     try:
         size = get_hf_file_metadata(hf_hub_url(ref.repo, ref.filename, revision=ref.revision)).size
     except Exception:  # the size is a courtesy: the message stands without it

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 from specli.errors import SpecliError
+from specli.util import cache_root
 
 
 class CorruptFile(SpecliError):
@@ -30,8 +31,7 @@ def sha256_of(path: str | os.PathLike) -> str:
 
 
 def _db_path() -> Path:
-    from specli.resolve.wheels import cache_dir
-    return cache_dir().parent / "verified.json"
+    return cache_root() / "verified.json"
 
 
 def file_key(path: str | os.PathLike) -> str:

@@ -30,6 +30,7 @@ from specli.resolve.gguf_header import (
     vocab_from_header,
 )
 from specli.resolve.profiles import ModelSpec, Profile, load_all
+from specli.util import cache_root
 
 # `--draft auto` takes a draft on disk with at least this many times fewer parameters than the
 # target (the default profile's Qwen2.5-Coder 1.5B / 0.5B: 2.8x, counted from their GGUF tensors), preferring
@@ -103,8 +104,7 @@ _TABLES = hashlib.sha256(repr((sorted(MTP_ARCHITECTURES), sorted(LLAMA_ARCHITECT
 
 def _headers_db() -> Path:
     """Summaries of the headers read before, by file version: a scan reads only new files."""
-    from specli.resolve.wheels import cache_dir
-    return cache_dir().parent / "headers.json"
+    return cache_root() / "headers.json"
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,8 @@ TOP_KEYS = {"name", "description", "target", "drafts", "defaults", "hf_target", 
 # hf_target / hf_draft: the same pair as Hugging Face safetensors repos (org/repo), for engines that
 # cannot load GGUF drafts (vLLM, SGLang; see specli export)
 MODEL_KEYS = {"sources", "sha256", "size"}
-# a profile's defaults: key (also the CLI option's name) -> the session option it fills
-DEFAULTS = {"ctx": "n_ctx", "draft_max": "spec.draft_max", "draft_p_min": "spec.draft_p_min"}
-DEFAULT_KEYS = set(DEFAULTS)
+# a profile's defaults, named as the CLI options they fill (specli.session.apply_profile_defaults)
+DEFAULT_KEYS = ("ctx", "draft_max", "draft_p_min")
 # drafts entries that name a drafter instead of a model: the target's own multi-token-prediction
 # layers (no file), and prompt lookup (no model); kept as ModelSpec(("mtp",)) / ModelSpec(("lookup",))
 DRAFTERS = ("mtp", "lookup")
@@ -166,7 +165,7 @@ def parse_profile(text: str, where: str) -> Profile:
         for k, v in dn.value:
             if k.value not in DEFAULT_KEYS:
                 raise _fail(where, k, f"unknown key '{k.value}' in defaults "
-                                      f"(allowed: {', '.join(sorted(DEFAULT_KEYS))})")
+                                      f"(allowed: {', '.join(DEFAULT_KEYS)})")
         defaults = dict(data.get("defaults") or {})
     desc = str(data.get("description", "") or "")
     hf = {k: _scalar(where, nodes[k], k) for k in ("hf_target", "hf_draft") if k in nodes}

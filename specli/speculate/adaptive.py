@@ -18,7 +18,7 @@ from specli.speculate.drafters import (
     Draft,
     Drafter,
     LookupDrafter,
-    ModelDrafter,
+    PaidDrafter,
     Source,
 )
 from specli.speculate.settings import SpecSettings
@@ -43,8 +43,9 @@ def confidence_bin(p: float) -> int:
 class AdaptiveDrafter(Drafter):
     """Prompt lookup and/or a draft model under one cost-aware controller.
 
-    The model drafter is a draft model or the target's own MTP layers (anything with
-    ``propose(context, max_len, keep_going)``, ``behind(context)`` and a ``source``). Each
+    The model drafter is a draft model or the target's own MTP layers (a
+    :class:`~specli.speculate.drafters.PaidDrafter`: ``propose(context, max_len, keep_going)``,
+    ``behind(context)`` and a ``source`` are what it uses). Each
     step it asks the controller which source and how many tokens pay best, given the measured
     verify costs and what each source's drafts have been worth so far; lookup is tried first
     (free), the draft model drafts only when it beats both lookup and plain decoding (its
@@ -60,9 +61,8 @@ class AdaptiveDrafter(Drafter):
     """
 
     def __init__(self, controller: Controller, lookup: LookupDrafter | None = None,
-                 model: ModelDrafter | None = None):
-        # model: a ModelDrafter or anything drafting like one (the MTP drafter); whoever
-        # loaded it closes it (a session shares one across the drafters it makes)
+                 model: PaidDrafter | None = None):
+        # whoever loaded the model drafter closes it (a session shares one across the drafters it makes)
         if lookup is None and model is None:
             raise ValueError("an adaptive drafter needs lookup, a draft model, or both")
         self.ctl = controller
@@ -70,7 +70,9 @@ class AdaptiveDrafter(Drafter):
         self.model = model
         self.msource: Source = model.source if model is not None else MODEL
         kind = self.msource.kind
-        self.name = ("hybrid" if lookup and kind == "model" else kind) if model is not None else "lookup"
+        # the mode's name (specli.speculate.registry): lookup, model, hybrid, mtp, mtp-lookup
+        self.name = ({"model": "hybrid", "mtp": "mtp-lookup"}[kind] if lookup else kind) if model is not None \
+            else "lookup"
         self.bins = [Acceptance(first=min(e, 1.0), rest=min(e, 1.0)) for e in CONFIDENCE_BINS]
         self._model_drafted = False  # has the controller chosen the model yet (probes aside)
         self._pending: tuple[Source, list[int]] | None = None  # lookup's proposal
@@ -165,6 +167,15 @@ class AdaptiveDrafter(Drafter):
             return copy.tokens[:n]
         return []
 
+    def repair(self) -> None:
+        if self.model is not None:
+            self.model.repair()
+
+    def plain_rate(self) -> float | None:
+        """The controller's measured cost of a one-token pass, as tokens/s."""
+        v0 = self.ctl.cost.verify[0]
+        return 1.0 / v0 if v0 > 0 else None
+
     def observe(self, draft: Draft, n_accepted: int, emitted: list[int], t_draft: float, t_verify: float) -> None:
         ctl = self.ctl
         k = len(draft.tokens)
@@ -192,8 +203,8 @@ def lookup_drafter(s: SpecSettings) -> LookupDrafter:
 
 
 def adaptive_drafter(s: SpecSettings, verify: list[float], draft_token: float, lookup: LookupDrafter | None,
-                     model=None) -> AdaptiveDrafter:
-    """specli's adaptive policy as every command builds it (``Session.drafter_for``) and as the
-    replay benchmark replays it: the controller over the measured verify curve and the
+                     model: PaidDrafter | None = None) -> AdaptiveDrafter:
+    """specli's adaptive policy as every command builds it (:mod:`specli.speculate.registry`)
+    and as the replay benchmark replays it: the controller over the measured verify curve and the
     drafter's cost per token."""
     return AdaptiveDrafter(Controller(CostModel(list(verify), draft_token), k_max=s.draft_max), lookup, model)

@@ -4,7 +4,10 @@
 ``close`` frees what the drafter holds. A drafter keeps its own state (a KV cache, an n-gram
 index) apart from the verify loop and brings it in line with the context it is handed.
 
-Adding a drafter means a class here (or beside it) and its registration in ``session``.
+Drafters that pay a forward pass per drafted token (a draft model, the target's MTP layers)
+follow :class:`PaidDrafter` as well: the adaptive policy drives and prices them through it.
+Adding a drafter means a class here (or beside it) and its entry in
+:mod:`specli.speculate.registry`.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from specli.engine import Context, ContextConfig, Model
+from specli.hardware import calibrate
 from specli.speculate.lookup import NgramIndex, Substitutions
 from specli.speculate.settings import DEFAULTS
 from specli.tokens import common_prefix
@@ -73,7 +77,9 @@ class Draft:
 
 
 class Drafter:
-    """The contract every drafter follows; ``observe`` and ``close`` do nothing by default."""
+    """The contract every drafter follows; ``begin``, ``observe``, ``repair`` and ``close`` do
+    nothing by default. ``name``: the mode it drafts in, as stats and reports say it
+    (:mod:`specli.speculate.registry` names what it builds)."""
 
     name = "none"
     guide = None  # the answer's constraint state, when it has one (see constrain)
@@ -94,8 +100,42 @@ class Drafter:
         """After each step: the draft, how many of its tokens the target kept, the tokens the
         step emitted (kept + the target's own), and the seconds drafting and verifying took."""
 
+    def repair(self) -> None:
+        """After an answer interrupted mid-step: drop cache entries the drafter's own contexts
+        do not account for (:meth:`specli.engine.Context.repair`)."""
+
+    def plain_rate(self) -> float | None:
+        """Tokens/s of a plain target step as this drafter has measured it (refreshed by the
+        steps it has seen); None for a drafter that measures nothing."""
+        return None
+
     def close(self) -> None:
         pass
+
+
+class PaidDrafter(Drafter):
+    """A drafter that pays a forward pass for every token it drafts: a draft model, or the
+    target's own MTP layers. :class:`~specli.speculate.adaptive.AdaptiveDrafter` drives it
+    token by token (``keep_going``), prices its catch-up (``behind``) and its tokens
+    (``token_cost``), and learns its acceptance under ``source``."""
+
+    source: Source = MODEL
+
+    def propose(self, context: Sequence[int], max_len: int,
+                keep_going: Callable[[int, float, list[int]], bool] | None = None, p_min: float | None = None) -> Draft:
+        """Draft up to ``max_len`` tokens greedily. Before adding token i (0-based) with top
+        probability p, stop if p < p_min (this call's, else the drafter's) or
+        ``keep_going(i, p, tokens)`` says it no longer pays; before the pass that would show
+        token i, stop if ``keep_going(i, None, tokens)`` says even looking does not pay."""
+        raise NotImplementedError
+
+    def behind(self, context: Sequence[int]) -> int:
+        """The tokens of ``context`` it has not seen yet: what its next draft first evaluates."""
+        raise NotImplementedError
+
+    def token_cost(self) -> float:
+        """Seconds per drafted token on this machine (measured once, then cached)."""
+        raise NotImplementedError
 
 
 def row_top(row: np.ndarray) -> tuple[int, float]:
@@ -241,7 +281,7 @@ class LookupDrafter(Drafter):
         return self._match_draft(toks, n)
 
 
-class ModelDrafter(Drafter):
+class ModelDrafter(PaidDrafter):
     """A smaller model with the same tokenizer drafts greedily, stopping early when its top
     probability falls below ``p_min`` (it is then unlikely to be accepted)."""
 
@@ -255,9 +295,6 @@ class ModelDrafter(Drafter):
 
     def propose(self, context: Sequence[int], max_len: int,
                 keep_going: Callable[[int, float, list[int]], bool] | None = None, p_min: float | None = None) -> Draft:
-        """Draft up to ``max_len`` tokens greedily. Before adding token i (0-based) with top
-        probability p, stop if p < p_min (this call's, else the drafter's) or ``keep_going(i, p, tokens)``
-        says it no longer pays."""
         p_min = self.p_min if p_min is None else p_min
         if max_len <= 0:
             return Draft([], MODEL)
@@ -274,8 +311,14 @@ class ModelDrafter(Drafter):
         return Draft(toks, MODEL, conf, len(context) - kept, passes)
 
     def behind(self, context: Sequence[int]) -> int:
-        """The tokens of ``context`` its cache lacks: what its next draft first evaluates."""
+        """The tokens of ``context`` its cache lacks."""
         return len(context) - common_prefix(self.ctx.tokens, context, len(context) - 1)
+
+    def token_cost(self) -> float:
+        return calibrate.draft_token_cost(self.ctx)
+
+    def repair(self) -> None:
+        self.ctx.repair()
 
     def close(self) -> None:
         self.ctx.close()

@@ -9,60 +9,40 @@ those rows are valid (:class:`~specli.engine.DecodeListener`). To draft, the MTP
 (last token, its predecessor's hidden row), then on its own prediction and its own hidden
 row, and so on; the rows drafted are dropped again before the target verifies.
 
-llama.cpp aborts the process on misuse (an MTP context on a model loaded without its MTP
-layers, say), so every precondition is checked here first.
+The MTP context and the hidden rows come from :class:`~specli.engine.Context`
+(``mtp_context``, ``hidden_rows``, ``hidden_row``), which checks llama.cpp's preconditions
+first (it aborts the process on misuse).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Callable, Sequence
 
 import numpy as np
 
-from specli.engine import Context, ContextConfig, DecodeListener, L
-from specli.errors import SpecliError
-from specli.speculate.drafters import MTP, Draft, Drafter, greedy_drafts
+from specli.engine import Context, DecodeListener
+from specli.hardware import calibrate
+from specli.speculate.drafters import MTP, Draft, PaidDrafter, greedy_drafts
 from specli.speculate.settings import DEFAULTS
 
-try:
-    from llama_cpp import llama_cpp_ext as LX
-except ImportError:  # pragma: no cover - a llama-cpp-python without the MTP staging API
-    LX = None
 
-
-def mtp_available() -> bool:
-    """Does this llama-cpp-python expose what MTP drafting needs?"""
-    return LX is not None and all(hasattr(LX, f) for f in (
-        "llama_set_embeddings_nextn", "llama_get_embeddings_nextn", "llama_get_embeddings_nextn_ith"))
-
-
-class MTPDrafter(Drafter, DecodeListener):
+class MTPDrafter(PaidDrafter, DecodeListener):
     """Greedy drafts from the target's MTP head, stopping (like a draft model) when its top
-    probability falls below ``p_min`` or when ``keep_going`` says the next token does not pay."""
+    probability falls below ``p_min`` or when ``keep_going`` says the next token does not pay.
+    ``ctx``: the MTP context over the target (:meth:`Context.mtp_context`); the drafter must
+    hear every decode of the target (``target.listen(drafter, replay=True)``), which the
+    session wires."""
 
     name = "mtp"
     source = MTP
 
-    def __init__(self, target: Context, cfg: ContextConfig, p_min: float = DEFAULTS.draft_p_min):
-        model = target.model
-        if not mtp_available():
-            raise SpecliError("this llama-cpp-python has no MTP support (llama_cpp_ext nextn functions)")
-        if model.n_mtp_layers <= 0:
-            raise SpecliError(f"{model.name} has no MTP layers loaded (converted without its MTP block?)")
+    def __init__(self, target: Context, ctx: Context, p_min: float = DEFAULTS.draft_p_min):
         self.target = target
+        self.ctx = ctx
         self.p_min = p_min
-        self.n_embd = model.n_embd
-        self.ctx = Context(model, replace(cfg, n_rs_seq=0), ctx_type=L.LLAMA_CONTEXT_TYPE_MTP, other=target)
-        LX.llama_set_embeddings_nextn(target._ctx, True, False)  # a hidden row for every token decoded
-        LX.llama_set_embeddings_nextn(self.ctx._ctx, True, True)  # rows only where logits are asked
+        self.n_embd = target.model.n_embd
         self._block: tuple[int, np.ndarray] | None = None  # (first position, hidden rows) of the last decode
-        target.listeners.append(self)
-        if target.tokens:  # the target already holds tokens the MTP context never saw
-            saved = list(target.tokens)
-            target.clear()
-            target.eval(saved, "none")
 
     # -- fed by the target ----------------------------------------------------------------
     def hidden(self, pos: int) -> np.ndarray:
@@ -79,11 +59,10 @@ class MTPDrafter(Drafter, DecodeListener):
         mine = self.ctx.tokens
         if pos0 + n <= len(mine) and mine[pos0:pos0 + n] == list(tokens):
             return  # a replay of tokens already fed (a checkpoint rollback): same rows
-        ptr = LX.llama_get_embeddings_nextn(ctx._ctx)
-        if not ptr:
+        rows = ctx.hidden_rows(n)
+        if rows is None:
             self._block = None
             return
-        rows = np.ctypeslib.as_array(ptr, shape=(n, self.n_embd)).copy()
         inputs = np.concatenate([self.hidden(pos0 - 1)[None], rows[:-1]])
         self.ctx.rollback(pos0)
         if self.ctx.n_past == pos0:
@@ -105,7 +84,7 @@ class MTPDrafter(Drafter, DecodeListener):
         def step(tok: int, h: np.ndarray | None = None) -> np.ndarray:
             """One MTP pass: the token with the hidden row before it (the MTP head's own last one)."""
             if h is None:
-                h = np.ctypeslib.as_array(LX.llama_get_embeddings_nextn_ith(ctx._ctx, 0), shape=(self.n_embd,)).copy()
+                h = ctx.hidden_row(0)
             return ctx.eval([tok], "last", embd=h[None])[0]
 
         try:
@@ -120,8 +99,11 @@ class MTPDrafter(Drafter, DecodeListener):
         """Nothing to catch up on: the target's own passes feed the MTP layers."""
         return 0
 
-    def token_cost(self, reps: int = 4) -> float:
-        """Seconds per MTP forward pass, measured here (the best of ``reps``)."""
+    def token_cost(self) -> float:
+        return calibrate.cached_cost("mtp", self.target, self.pass_time)
+
+    def pass_time(self, reps: int = 4) -> float:
+        """Seconds per MTP forward pass, measured now (the best of ``reps``)."""
         pos0 = self.ctx.n_past
         if pos0 + reps + 1 > self.ctx.n_ctx:
             return 0.0
@@ -136,7 +118,9 @@ class MTPDrafter(Drafter, DecodeListener):
         self.ctx.rollback(pos0)
         return best
 
+    def repair(self) -> None:
+        self.ctx.repair()
+
     def close(self) -> None:
-        if self in self.target.listeners:
-            self.target.listeners.remove(self)
+        self.target.unlisten(self)
         self.ctx.close()

