@@ -4,8 +4,8 @@ the drafter. The CLI commands build a Session from their options and only print.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from specli.engine import Context, ContextConfig, Model
 from specli.errors import SpecliError

@@ -99,7 +99,7 @@ def test_a_recurrent_draft_model_rolls_its_own_drafts_back(tiny26, smol_gguf):
         prompt = target.tokenize(PROMPTS[1])
         plain, *_ = run(target, prompt, lambda c: NoDrafter(), 0)
         drafter = ModelDrafter(draft, cfg(SNAPSHOTS), p_min=0.0)
-        out, st, _ = run(target, prompt, lambda c: drafter, SNAPSHOTS)
+        out, st, _ = run(target, prompt, lambda c, d=drafter: d, SNAPSHOTS)
         assert out == plain and st.drafted > 0 and (st.accepted == st.drafted) == all_accepted
         dc = drafter.ctx
         assert dc.rollback_kind == "snapshots"

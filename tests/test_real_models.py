@@ -25,8 +25,8 @@ PROMPTS = [
     "Explain in two sentences what a hash map is.",
     "Write a C function that reverses a string in place.",
 ]
-REWRITE = """Rewrite this Python code so that the variable `data` is called `records` everywhere. Reply with only the complete rewritten code in one code block.
-
+REWRITE = ("Rewrite this Python code so that the variable `data` is called `records` everywhere. "
+           "Reply with only the complete rewritten code in one code block.\n") + """
 ```python
 def load(path):
     data = []

@@ -8,8 +8,8 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from specli.engine import Context, system_info
 from specli.resolve.wheels import cache_dir

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from specli.measure.lossless import divergence
 from specli.measure.suite import Suite

@@ -8,8 +8,8 @@ import asyncio
 import hmac
 import json
 import os
+from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
-from typing import AsyncIterator, Union
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -58,7 +58,7 @@ class Prompter:
         text = render_chat(self.template, messages, self.bos, self.eos)
         return self._fits(tokenize_prompt(self.model, text, templated=True))
 
-    def raw(self, prompt: Union[str, list[str], list[int]]) -> list[int]:
+    def raw(self, prompt: str | list[str] | list[int]) -> list[int]:
         if isinstance(prompt, list) and isinstance(prompt[0], int):
             bad = [t for t in prompt if not 0 <= t < self.model.n_vocab]
             if bad:

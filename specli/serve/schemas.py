@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal, Optional, Union
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -27,7 +27,7 @@ class TextPart(_Body):
 
 class Message(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Union[str, list[TextPart], None] = None
+    content: str | list[TextPart] | None = None
 
     def as_dict(self) -> dict:
         """The message as a chat template expects it (``developer`` is OpenAI's new ``system``)."""
@@ -43,14 +43,14 @@ class Sampling(_Body):
     """What both endpoints share."""
 
     model: str
-    max_tokens: Optional[int] = Field(None, ge=1)
-    temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float = Field(1.0, ge=0.0, le=1.0)
     top_k: int = Field(0, ge=0)  # not OpenAI's, as llama.cpp's server accepts it
-    seed: Optional[int] = None
-    stop: Union[str, list[str], None] = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
     stream: bool = False
-    stream_options: Optional[StreamOptions] = None
+    stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1, description="only one choice per request")
 
     @field_validator("stop")
@@ -68,7 +68,7 @@ class Sampling(_Body):
 
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
 
     @property
     def limit(self) -> int | None:
@@ -76,7 +76,7 @@ class ChatRequest(Sampling):
 
 
 class CompletionRequest(Sampling):
-    prompt: Union[str, list[str], list[int]]
+    prompt: str | list[str] | list[int]
     echo: bool = Field(False, description="not supported")
 
     @field_validator("prompt")

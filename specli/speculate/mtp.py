@@ -16,8 +16,8 @@ layers, say), so every precondition is checked here first.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Callable, Sequence
 
 import numpy as np
 
