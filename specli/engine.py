@@ -215,7 +215,8 @@ class Context:
         if not self._ctx:
             raise SpecliError(f"llama.cpp could not create a context of {n_ctx} tokens for {model.path} "
                               "(out of memory? try a smaller --ctx)")
-        self.n_ctx = int(L.llama_n_ctx(self._ctx))
+        # llama.cpp rounds the context up (to a multiple of 256): the size asked for stays the limit
+        self.n_ctx = min(int(L.llama_n_ctx(self._ctx)), n_ctx)
         self.n_batch = int(cp.n_batch)
         self.threads = threads
         self._mem = L.llama_get_memory(self._ctx)

@@ -119,6 +119,9 @@ def run(
     elif not interrupted:
         sys.stdout.write("\n")
     sys.stdout.flush()
+    if resp.finish_reason == "context":
+        err(f"stopped after {len(out_tokens)} tokens: the context ({sess.ctx.n_ctx} tokens) is full; "
+            "use a larger --ctx")
     if stats:
         err(st.summary())
     slower = sess.slower_than_plain(st)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-from specli.measure.lossless import divergence
+from specli.measure.lossless import divergence, verdict
 from specli.measure.suite import Suite
 from specli.prompt import prompt_tokens
 from specli.speculate.loop import AcceptanceRates, Stats
@@ -230,7 +230,7 @@ def _compare(ctx, outputs: dict, results: dict[str, ModeResult]) -> None:
         ref = outputs.get(("plain", pid))
         if mode != "plain" and ref is not None and pid not in results[mode].lossless:
             d = divergence(ctx, toks, ref[1], out)
-            results[mode].lossless[pid] = "identical" if d is None else d.describe()
+            results[mode].lossless[pid] = verdict(d)
     base = results["plain"].tokens_per_s if "plain" in results else 0.0
     for r in results.values():
         r.speedup = r.tokens_per_s / base if base and r.tokens else None
