@@ -1,6 +1,7 @@
 """specli export: the printed commands for each engine, every llama-server flag checked against
 the llama.cpp that llama-cpp-python vendors, and the llama-server export run for real (built
-from those sources by tests/llama_server.py) on the default Qwen pair and with prompt lookup."""
+from those sources against the installed libllama by tests/llama_server.py) on the default Qwen
+pair and with prompt lookup."""
 
 import json
 import os
