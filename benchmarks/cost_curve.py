@@ -45,7 +45,8 @@ def main() -> None:
     if a.draft:  # --draft "" skips it (the curve alone; the replay needs the draft's cost)
         dm = Model(models.resolve(a.draft, progress=print), n_gpu_layers=a.gpu_layers)
         draft = calibrate.draft_token_cost(Context(dm, ContextConfig(n_ctx=4096, n_threads=a.threads)), use_cache=False)
-        print(f"draft {os.path.basename(dm.path)}: one token {draft * 1000:.1f} ms ({draft / costs[0]:.2f} of the target's)")
+        print(f"draft {os.path.basename(dm.path)}: one token {draft * 1000:.1f} ms "
+              f"({draft / costs[0]:.2f} of the target's)")
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"verify": costs, "draft_token": draft, "model": os.path.basename(m.path),

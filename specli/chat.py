@@ -4,8 +4,8 @@ prefilled."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 from specli.errors import SpecliError
 from specli.prompt import chat_text, tokenize_prompt

@@ -19,8 +19,8 @@ from __future__ import annotations
 import json
 import warnings
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 import numpy as np
 
@@ -105,8 +105,8 @@ class Model:
         mp.use_extra_bufts = _extra_buffer_types()
         self._model = L.llama_model_load_from_file(path.encode(), mp)
         if not self._model:
-            raise SpecliError(f"llama.cpp could not load {path} "
-                              f"(architecture '{self.header.architecture}' unsupported by this build, or a corrupt file)")
+            raise SpecliError(f"llama.cpp could not load {path} (architecture '{self.header.architecture}' "
+                              "unsupported by this build, or a corrupt file)")
         self.vocab = L.llama_model_get_vocab(self._model)
         self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
         self.bos = int(L.llama_vocab_bos(self.vocab))
@@ -191,16 +191,16 @@ class DecodeListener:
     """Told about every decode and every truncation of a context (the MTP drafter feeds its
     own context from the target's hidden states this way)."""
 
-    def decoded(self, ctx: "Context", tokens: Sequence[int], pos0: int) -> None: ...
+    def decoded(self, ctx: Context, tokens: Sequence[int], pos0: int) -> None: ...
 
-    def truncated(self, ctx: "Context", n_keep: int) -> None: ...
+    def truncated(self, ctx: Context, n_keep: int) -> None: ...
 
 
 class Context:
     """One KV cache (sequence 0) on a model. ``tokens`` mirrors what the cache holds.
     ``ctx_type``/``other``: an MTP context over the same model, reading ``other``'s state."""
 
-    def __init__(self, model: Model, cfg: ContextConfig, ctx_type: int = 0, other: "Context | None" = None):
+    def __init__(self, model: Model, cfg: ContextConfig, ctx_type: int = 0, other: Context | None = None):
         self.model = model
         cp = L.llama_context_default_params()
         n_ctx = cfg.n_ctx if cfg.n_ctx > 0 else model.n_ctx_train
@@ -225,7 +225,8 @@ class Context:
         if not self._ctx:
             raise SpecliError(f"llama.cpp could not create a context of {n_ctx} tokens for {model.path} "
                               "(out of memory? try a smaller --ctx)")
-        self.n_ctx = int(L.llama_n_ctx(self._ctx))
+        # llama.cpp rounds the context up (to a multiple of 256): the size asked for stays the limit
+        self.n_ctx = min(int(L.llama_n_ctx(self._ctx)), n_ctx)
         self.n_batch = int(cp.n_batch)
         self.threads = threads
         self._mem = L.llama_get_memory(self._ctx)
@@ -324,7 +325,8 @@ class Context:
             return
         flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
         size = int(L.llama_state_seq_get_size_ext(self._ctx, 0, flags))
-        buf = self._checkpoint[1] if self._checkpoint and len(self._checkpoint[1]) == size else (ctypes.c_uint8 * size)()
+        reuse = self._checkpoint and len(self._checkpoint[1]) == size
+        buf = self._checkpoint[1] if reuse else (ctypes.c_uint8 * size)()
         if int(L.llama_state_seq_get_data_ext(self._ctx, buf, size, 0, flags)) != size:
             self._checkpoint = None
             return
@@ -384,7 +386,7 @@ class Context:
             self.listeners.remove(listener)
 
     # -- MTP (NextN) layers -----------------------------------------------------------------
-    def mtp_context(self, cfg: ContextConfig) -> "Context":
+    def mtp_context(self, cfg: ContextConfig) -> Context:
         """A context of type MTP over this context's model, reading this one's state
         (llama.cpp's ``draft-mtp``). From now on this context exports a hidden row for every
         token it decodes (:meth:`hidden_rows`), the MTP context one where logits are asked

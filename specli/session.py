@@ -4,8 +4,8 @@ the drafter. The CLI commands build a Session from their options and only print.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from specli.constrain import Constraint, ForcedDrafter
 from specli.engine import Context, ContextConfig, Model
@@ -88,7 +88,7 @@ def plan_for(opts: Options, target_path: str, draft: DraftPlan) -> tuple[Plan, H
     pays = bool(dpath) and calibrate.draft_on_cpu_pays(
         target_path, dpath, opts.threads or os.cpu_count() or 1, min(512, n_ctx), opts.spec.draft_max)
     plan = make_plan(memory_from_header(th, name="target"), memory_from_header(dh, name="draft") if dh else None,
-                     hw.budget, n_ctx, hw.can_offload or hw.budget_source != "detected", bool(pays),
+                     hw.budget, n_ctx, hw.can_offload or hw.budget_source in ("--vram", "SPECLI_VRAM"), bool(pays),
                      wants_draft=draft.kind.value)
     return plan, hw, n_ctx
 
@@ -236,6 +236,9 @@ class Session:
                           self.target_gpu_layers, plan_ctx, *available_ram())
         self.target = Model(target_path, n_gpu_layers=self.target_gpu_layers, load_mtp=self.draft.mtp)
         n_ctx = min(opts.n_ctx, self.target.n_ctx_train) if opts.n_ctx > 0 else self.target.n_ctx_train
+        if "ctx" in opts.given and opts.n_ctx > n_ctx:
+            opts.notes.append(f"--ctx {opts.n_ctx} is more than {self.target.name} was trained for: "
+                              f"using its {n_ctx} tokens")
         # hybrid/recurrent targets keep draft_max recurrent-state snapshots where llama.cpp can
         self.cfg = ContextConfig(n_ctx=n_ctx, n_threads=opts.threads, f32_kv=opts.f32_kv,
                                  n_rs_seq=opts.spec.draft_max)

@@ -1,18 +1,25 @@
-"""``llama-server`` built from the llama.cpp that the installed llama-cpp-python vendors, so
-the export tests run the exact llama.cpp version specli itself links against.
+"""``llama-server`` built from the llama.cpp that the installed llama-cpp-python vendors, and
+linked against the very libllama / libggml / libmtmd it installed, so the export tests run the
+exact llama.cpp specli itself runs on.
 
-The sdist is fetched with pip (PyPI only), unpacked and built once per version into
+The sdist of the installed version is fetched with pip (PyPI only) and unpacked into
 ``~/.cache/specli/llama-server/<version>/`` (override the root with
-``SPECLI_LLAMA_SERVER_CACHE``), outside the repository. A lock file makes concurrent test
-runs wait for one build instead of starting two. Network-free build: no curl, no OpenSSL,
-no web UI download. ``python tests/llama_server.py`` builds it and prints the time taken.
+``SPECLI_LLAMA_SERVER_CACHE``), outside the repository. Its vendored headers are the ones the
+installed libraries were built from (same sdist, same commit: the same ABI), so only the
+server, ``common`` and cpp-httplib are compiled (``tests/llama-server/CMakeLists.txt``, which
+runs upstream's CMakeLists for each), not llama.cpp and ggml again. One binary per version and
+library folder; a lock file makes concurrent test runs wait for one build. Network-free build:
+no curl, no OpenSSL, no web UI download. `.ci/run` builds it before the tests with
+``python tests/llama_server.py`` (which prints the time taken); a test builds it on demand.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import shutil
@@ -27,18 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 PACKAGE = "llama-cpp-python"
-CMAKE_FLAGS = [
-    "-DCMAKE_BUILD_TYPE=Release",
-    "-DBUILD_SHARED_LIBS=OFF",       # one self-contained binary
-    "-DGGML_NATIVE=ON",
-    "-DLLAMA_CURL=OFF",              # deprecated in this llama.cpp, harmless; older ones need it
-    "-DLLAMA_OPENSSL=OFF",           # no HTTPS: models are local files in the tests
-    "-DLLAMA_USE_PREBUILT_UI=OFF",   # otherwise the web UI is downloaded from the Hub
-    "-DLLAMA_BUILD_UI=OFF",
-    "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_EXAMPLES=OFF",
-    "-DLLAMA_BUILD_SERVER=ON",
-]
+PROJECT = Path(__file__).parent / "llama-server"  # the CMake project: server + common on the installed libs
 
 
 def version() -> str:
@@ -99,30 +95,40 @@ def source(ver: str | None = None) -> Path:
     return _unpack_sdist(cache_dir(ver), ver)
 
 
-def build(ver: str | None = None, jobs: int = 2) -> Path:
-    """The built ``llama-server`` binary; builds it (once per version) when missing."""
-    ver = ver or version()
+def installed_libs() -> Path:
+    """site-packages/llama_cpp/lib: the shared libraries llama-cpp-python installed."""
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or spec.origin is None:
+        raise RuntimeError(f"{PACKAGE} is not installed")
+    return Path(spec.origin).parent / "lib"
+
+
+def build(jobs: int | None = None) -> Path:
+    """The built ``llama-server`` binary; builds it (once per installed version and library
+    folder) when missing."""
+    ver, libs, jobs = version(), installed_libs(), jobs or os.cpu_count() or 2
     directory = cache_dir(ver)
-    binary = directory / "bin" / "llama-server"
+    where = hashlib.sha256(str(libs.resolve()).encode()).hexdigest()[:12]
+    binary = directory / f"bin-{where}" / "llama-server"
     tree = _unpack_sdist(directory, ver)
     with _locked(directory, "build"):
         if binary.is_file():
             return binary
-        build_dir = directory / "build"
+        build_dir = directory / f"build-{where}"
         log = directory / "build.log"
         start = time.monotonic()
         with open(log, "w") as out:
             for cmd in (
-                ["cmake", "-S", str(tree), "-B", str(build_dir), *CMAKE_FLAGS],
+                ["cmake", "-S", str(PROJECT), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
+                 f"-DLLAMA_SRC={tree}", f"-DLLAMA_LIB={libs}", f"-DLLAMA_CPP_PYTHON_VERSION={ver}"],
                 ["cmake", "--build", str(build_dir), "--target", "llama-server", "-j", str(jobs)],
             ):
                 if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False).returncode:
                     tail = log.read_text(errors="replace")[-3000:]
                     raise RuntimeError(f"llama-server build failed ({' '.join(cmd)}):\n{tail}")
-        (built,) = build_dir.glob("bin/llama-server")
         binary.parent.mkdir(exist_ok=True)
-        shutil.copy2(built, binary)
-        (directory / "build-seconds.txt").write_text(f"{time.monotonic() - start:.0f}\n")
+        shutil.copy2(build_dir / "bin" / "llama-server", binary)  # its RPATH names the installed libraries
+        (binary.parent / "build-seconds.txt").write_text(f"{time.monotonic() - start:.0f}\n")
         return binary
 
 
@@ -180,6 +186,6 @@ def running(argv: list[str], log: Path, tries: int = 600, interval: float = 1.0)
 
 if __name__ == "__main__":
     t0 = time.monotonic()
-    path = build(sys.argv[1] if len(sys.argv) > 1 else None)
+    path = build()
     print(f"{path} ({time.monotonic() - t0:.0f} s; build-seconds.txt: "
-          f"{(path.parent.parent / 'build-seconds.txt').read_text().strip()} s)")
+          f"{(path.parent / 'build-seconds.txt').read_text().strip()} s)")

@@ -7,7 +7,9 @@ from clihelp import specli
 
 import specli.speculate.verify as verify_mod
 from specli.errors import SpecliError
+from specli.measure import lossless
 from specli.measure.bench import run_bench, schedule
+from specli.measure.lossless import Divergence
 from specli.measure.suite import Suite, SuitePrompt, load_suite, parse_suite
 from specli.session import Options, Session
 
@@ -50,10 +52,21 @@ def test_the_lossless_check_catches_a_broken_verifier(tiny_target, tiny_draft_un
     verdicts = rep.results["model-fixed"].lossless
     assert any(v != "identical" for v in verdicts.values())
     assert all("NOT a near-tie: likely a bug" in v for v in verdicts.values()), verdicts
+    # the check the MTP and real-pair tests apply to bench verdicts fails on these
+    assert not any(lossless.holds(v) for v in verdicts.values())
     # and the same run with the real verifier is identical
     monkeypatch.undo()
     rep = bench(tiny_target, tiny_draft_unrelated, ["none", "model-fixed"], max_tokens=24, chat=False)
     assert set(rep.results["model-fixed"].lossless.values()) == {"identical"}
+
+
+def test_a_verdict_holds_only_when_identical_or_a_near_tie():
+    near = Divergence(5, 10, 11, 10, 11, margin=0.2, gap=0.2)
+    far = Divergence(5, 10, 11, 10, 11, margin=6.0, gap=6.0)
+    assert lossless.holds(lossless.verdict(None)) and lossless.holds(lossless.verdict(near))
+    assert not lossless.holds(lossless.verdict(far))
+    assert "NOT a near-tie" in far.describe() and "near-tie" in far.describe()  # what a substring test let through
+    assert not lossless.holds("") and not lossless.holds("differs from plain at token 3")
 
 
 def test_cli_json_and_table(tmp_path, tiny_target):

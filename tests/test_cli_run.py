@@ -133,6 +133,29 @@ def test_prompt_longer_than_context(tiny_target):
     assert "longer than the context (256 tokens); use a larger --ctx" in err and len(err.strip().splitlines()) == 1
 
 
+def test_the_context_asked_for_is_the_context_used(tiny_target):
+    """llama.cpp rounds a context up to a multiple of 256 tokens; --ctx 8 with a 71-token
+    prompt used to run without a word in those 256. The size asked for is the limit, and
+    reaching it is said."""
+    rc, out, err = specli("run", "--target", tiny_target, "--draft", "none", "--ctx", "8", "--raw",
+                          stdin="word " * 70)
+    assert rc == 1 and out == ""
+    assert err.strip().splitlines() == ["specli: error: the prompt is 71 tokens, longer than the context (8 tokens); "
+                                        "use a larger --ctx or a shorter prompt"]
+    rc, out, err = specli("run", "--target", tiny_target, "--draft", "lookup", "--ctx", "8", "--raw", "-n", "30",
+                          "--json", stdin="Hi")
+    assert rc == 0, err
+    d = _json(out)
+    assert d["finish_reason"] == "context" and d["settings"]["ctx"] == 8
+    assert len(d["prompt_tokens"]) + len(d["tokens"]) - 1 == 8  # the last token is sampled, never fed
+    assert f"stopped after {len(d['tokens'])} tokens: the context (8 tokens) is full; use a larger --ctx" in err
+    # more than the model was trained for: said, with what is used instead
+    rc, out, err = specli("run", "--target", tiny_target, "--draft", "none", "--ctx", "100000", "--raw", "-n", "2",
+                          "--json", stdin="Hi")
+    assert rc == 0 and _json(out)["settings"]["ctx"] == 4096
+    assert "--ctx 100000 is more than tiny-test was trained for: using its 4096 tokens" in err
+
+
 def test_help_has_examples():
     rc, out, _ = specli("run", "--help")
     assert rc == 0 and "Examples" in out and "--draft" in out
@@ -143,7 +166,7 @@ GRID_PROMPTS = {"short": "Hello", "about 40 tokens": " ".join(["word"] * 40)}
 
 @pytest.mark.parametrize("ctx", [8, 16, 64, 0])
 def test_tiny_contexts_and_long_drafts_end_in_output_or_one_line(tiny_target, ctx):
-    """Every --ctx (llama.cpp may round a tiny one up; its batch stays that small) with every
+    """Every --ctx (llama.cpp rounds a tiny one up; specli holds the size asked for) with every
     --draft-max and prompt size ends in text or one `specli: error:` line, never an internal
     error. --ctx 8 used to end in `internal error: ValueError: logits for every token need a
     block no larger than n_batch` (the verify-cost calibration timed blocks longer than a batch)."""

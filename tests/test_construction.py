@@ -71,8 +71,8 @@ def test_chat_colours_follow_the_terminal_conventions(tiny_target):
     too (there was a private SPECLI_COLOR before), TERM=dumb turns styling off."""
     def banner(env, tty):
         if tty:
-            child = pexpect.spawn(sys.executable, ["-m", "specli", "chat", "--target", tiny_target, "--draft", "lookup"],
-                                  env=env, encoding="utf-8", timeout=120, dimensions=(40, 200))
+            argv = ["-m", "specli", "chat", "--target", tiny_target, "--draft", "lookup"]
+            child = pexpect.spawn(sys.executable, argv, env=env, encoding="utf-8", timeout=120, dimensions=(40, 200))
             child.expect(">>> ")
             text = child.before
             child.sendeof()

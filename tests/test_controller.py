@@ -107,7 +107,7 @@ def _plain_steps_to_probe(ctl: Controller, limit: int = 2000, **kw) -> int | Non
 def test_controller_turns_a_losing_drafter_off_and_probes_it_less_and_less():
     ctl = Controller(CostModel(curve(CPU_CURVE), draft_token=0.1 * T), k_max=8)
     steps = []
-    for i in range(1500):
+    for _ in range(1500):
         d = ctl.decide({MODEL: 8})
         ctl.observe(d.source, d.k, 0)  # every draft rejected
         steps.append(d)

@@ -1,6 +1,7 @@
 """specli export: the printed commands for each engine, every llama-server flag checked against
 the llama.cpp that llama-cpp-python vendors, and the llama-server export run for real (built
-from those sources by tests/llama_server.py) on the default Qwen pair and with prompt lookup."""
+from those sources against the installed libllama by tests/llama_server.py) on the default Qwen
+pair and with prompt lookup."""
 
 import json
 import os
@@ -15,6 +16,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import llama_server  # noqa: E402
 from clihelp import specli  # noqa: E402
 
+from specli import engine  # noqa: E402
 from specli import export as ex  # noqa: E402
 from specli.errors import SpecliError  # noqa: E402
 from specli.resolve import hub  # noqa: E402
@@ -313,6 +315,8 @@ def serve_exported(args: list[str], tmp_path) -> dict:
     assert cmd[0] == "llama-server"
     cmd[0] = str(binary)
     cmd[cmd.index("--port") + 1] = str(llama_server.free_port())
+    if not engine._extra_buffer_types():  # as specli itself: no AMX repacking (SIGSEGV where AMX is not granted)
+        cmd.append("--no-repack")
     with llama_server.running(cmd, tmp_path / "server.log") as base:
         reply = llama_server.post_json(base + "/completion", {
             "prompt": COPY_PROMPT, "n_predict": 96, "temperature": 0, "cache_prompt": False})

@@ -12,6 +12,7 @@ import pytest
 from clihelp import specli
 
 from specli.engine import Context, ContextConfig, Model
+from specli.measure import lossless
 from specli.measure.lossless import divergence
 
 pytestmark = pytest.mark.real
@@ -25,8 +26,8 @@ PROMPTS = [
     "Explain in two sentences what a hash map is.",
     "Write a C function that reverses a string in place.",
 ]
-REWRITE = """Rewrite this Python code so that the variable `data` is called `records` everywhere. Reply with only the complete rewritten code in one code block.
-
+REWRITE = ("Rewrite this Python code so that the variable `data` is called `records` everywhere. "
+           "Reply with only the complete rewritten code in one code block.\n") + """
 ```python
 def load(path):
     data = []
@@ -130,7 +131,7 @@ def test_bench_on_the_real_pair(paths, tmp_path):
     for m, r in modes.items():
         assert r["speedup"] == pytest.approx(r["tokens_per_s"] / base)
         for pid, verdict in r["lossless"].items():
-            assert verdict == "identical" or "near-tie (batched numerics)" in verdict, (m, pid, verdict)
+            assert lossless.holds(verdict), (m, pid, verdict)
     assert modes["model-fixed"]["acceptance"] > 0.5 and modes["model-fixed"]["mean_accepted"] > 1
 
 

@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 from clihelp import specli
+from nearties import assert_same_or_near_tie, tokens_of_text
 
 from specli.serve.app import create_app
 from specli.serve.runner import background, is_loopback
@@ -309,9 +310,13 @@ def test_real_pair_through_the_openai_client_is_specli_run(real_model):
             c = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
             mid = c.models.list().data[0].id
             r = chat(c, mid, prompt, temperature=0, max_tokens=48)
-            assert r.choices[0].message.content == ref["text"]
             streamed = chat(c, mid, prompt, temperature=0, max_tokens=48, stream=True)
-            assert "".join(ch.choices[0].delta.content or "" for ch in streamed) == ref["text"]
+            streamed = "".join(ch.choices[0].delta.content or "" for ch in streamed)
             assert r.usage.model_extra["speculative"]["mode"] == ref["stats"]["mode"]
+        # the adaptive drafter picks its draft lengths from this machine's timings, so the batch
+        # shapes (and with them a near-tie) can move between the run and the server
+        for label, text in (("chat", r.choices[0].message.content), ("streamed", streamed)):
+            other = tokens_of_text(sess.target, ref["tokens"], text)
+            assert_same_or_near_tie(sess.ctx, ref["prompt_tokens"], ref["tokens"], other, label)
     finally:
         sess.close()

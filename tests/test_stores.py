@@ -307,7 +307,8 @@ def test_an_unreadable_store_is_skipped(home, monkeypatch, tiny_target):
         ("ollama", str(oll / "manifests" / "registry.ollama.ai")): stores.Found(
             "ollama", str(oll / "manifests" / "registry.ollama.ai"), None, str(oll / "manifests"),
             "cannot read it (Permission denied)"),
-        ("lmstudio", str(lms)): stores.Found("lmstudio", str(lms), None, str(lms), "cannot read it (Permission denied)")}
+        ("lmstudio", str(lms)): stores.Found("lmstudio", str(lms), None, str(lms),
+                                             "cannot read it (Permission denied)")}
 
 
 def test_bad_config_file_is_one_line(home):

@@ -123,7 +123,8 @@ def make_qwen35_gguf(out: Path, tokenizer_gguf: str, *, mode: str = "partial", m
         t[p + "attn_q.weight"] = w(2 * n_head * head_dim, d, std=d ** -0.5)      # {d, 2*n_head*hd}: query + gate
         t[p + "attn_k.weight"] = w(n_head_kv * head_dim, d, std=d ** -0.5)       # {d, n_head_kv*hd}
         t[p + "attn_v.weight"] = w(n_head_kv * head_dim, d, std=d ** -0.5)
-        t[p + "attn_output.weight"] = w(d, n_head * head_dim, std=out_std) if out_std else np.zeros((d, n_head * head_dim), np.float32)
+        t[p + "attn_output.weight"] = (w(d, n_head * head_dim, std=out_std) if out_std
+                                       else np.zeros((d, n_head * head_dim), np.float32))
         t[p + "attn_q_norm.weight"] = np.ones(head_dim, np.float32)
         t[p + "attn_k_norm.weight"] = np.ones(head_dim, np.float32)
 

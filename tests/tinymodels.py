@@ -59,8 +59,9 @@ def add_tokenizer(wr, tok: dict, tokens: list[str] | None = None) -> int:
 
 def make_tiny_gguf(out: Path, tokenizer_gguf: str, *, seed: int = 0, noise: float = 0.0, noise_seed: int = 1,
                    n_layer: int = 2, d: int = 64, n_head: int = 4, n_head_kv: int = 2, ff: int = 128,
-                   n_ctx: int = 4096, out_scale: float = 0.5, attn_scale: float = 1.0, token_edits: dict[int, str] | None = None,
-                   metadata: dict | None = None, chat_template: str | None = None) -> Path:
+                   n_ctx: int = 4096, out_scale: float = 0.5, attn_scale: float = 1.0,
+                   token_edits: dict[int, str] | None = None, metadata: dict | None = None,
+                   chat_template: str | None = None) -> Path:
     import gguf  # test dependency
 
     tok = read_tokenizer(tokenizer_gguf)

@@ -37,6 +37,7 @@ def main() -> None:
         print(f"load_check: llama_cpp.Llama OK in {time.perf_counter() - t:.1f} s: {out['usage']}")
         return
     import gpu_offload  # noqa: F401  (applies SPECLI_GPU_MODEL_PARAMS)
+
     from specli.engine import Context, ContextConfig, Model
 
     m = Model(a.model, n_gpu_layers=a.gpu_layers)

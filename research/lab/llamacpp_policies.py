@@ -72,7 +72,7 @@ ngram-simple/ngram-mod ignore it (spec.cpp:2872-2906).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

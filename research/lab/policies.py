@@ -4,8 +4,8 @@ holds."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from research.lab.replay import Clock, Costs, Trace, TraceModel, replay
 from specli.speculate.adaptive import adaptive_drafter, lookup_drafter

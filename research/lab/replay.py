@@ -22,9 +22,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 from specli.engine import Context
 from specli.errors import SpecliError
@@ -195,12 +195,12 @@ class Costs:
         return block_ratio(self.verify, n)
 
     @classmethod
-    def linear(cls, c: float, r: float, k_max: int = 64) -> "Costs":
+    def linear(cls, c: float, r: float, k_max: int = 64) -> Costs:
         """GPU-like: verifying k drafted tokens costs 1 + c·k, a draft pass r."""
         return cls(f"verify 1+{c:g}k, draft {r:g}", tuple(1.0 + c * k for k in range(k_max + 1)), r, r, True)
 
     @classmethod
-    def measured(cls, name: str, verify_s: Sequence[float], draft_s: float, mtp_s: float = 0.0) -> "Costs":
+    def measured(cls, name: str, verify_s: Sequence[float], draft_s: float, mtp_s: float = 0.0) -> Costs:
         """From seconds (a calibration, a cost-curve file): scaled to one target token."""
         verify = [float(v) for v in verify_s]
         if len(verify) < 2 or min(verify) <= 0:
@@ -210,7 +210,7 @@ class Costs:
         return cls(name, tuple(v / one for v in verify), float(draft_s) / one, float(mtp_s) / one)
 
     @classmethod
-    def from_file(cls, path: str) -> "Costs":
+    def from_file(cls, path: str) -> Costs:
         """A cost-curve file written by ``benchmarks/cost_curve.py --out`` on any machine:
         {"verify": [seconds for k = 0..K], "draft_token": seconds, "machine": "..."}. A file
         without the draft model's cost is refused: its passes would be replayed as free."""
@@ -227,7 +227,7 @@ class Costs:
             raise SpecliError(f"cannot read cost curve {path}: {e}") from None
 
     @classmethod
-    def from_report(cls, path: str) -> "Costs":
+    def from_report(cls, path: str) -> Costs:
         """The first cost model of a replay report's JSON (``research/studies/replay.py`` writes it
         beside the report; this machine's curve when it was calibrated in that run), already
         in units of one target token."""

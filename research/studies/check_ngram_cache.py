@@ -99,7 +99,8 @@ def main() -> None:
         cases = histories(random.Random(a.seed), a.cases)
         text = "\n".join(f"{int(w)} {n} {len(t)} {' '.join(map(str, t))} {len(cs)} {' '.join(map(str, cs))}"
                          for w, n, t, cs in cases)
-        out = iter(subprocess.run([str(exe)], input=text, capture_output=True, text=True, check=True).stdout.splitlines())
+        done = subprocess.run([str(exe)], input=text, capture_output=True, text=True, check=True)
+        out = iter(done.stdout.splitlines())
     same = total = 0
     for whole, n_draft, toks, calls in cases:
         port = NgramCache(n_draft, whole_history=whole)

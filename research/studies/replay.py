@@ -85,8 +85,9 @@ def suite_traces(name: str, ms: Models, a) -> list[rp.Trace]:
         traces = []
         for p in greedy:
             t0 = time.time()
-            traces.append(rp.record(tctx, prompt_tokens(tctx.model, p, tctx.model.chat_template() is not None),
-                                    p.max_tokens or a.max_tokens, {"model": dctx}, DEFAULTS.draft_max, suite.name, p.id))
+            tokens = prompt_tokens(tctx.model, p, tctx.model.chat_template() is not None)
+            traces.append(rp.record(tctx, tokens, p.max_tokens or a.max_tokens, {"model": dctx}, DEFAULTS.draft_max,
+                                    suite.name, p.id))
             print(f"  traced {name}/{p.id}: {len(traces[-1].out)} tokens in {time.time() - t0:.1f}s", flush=True)
         rp.save_traces(path, traces)
     if a.traces:
@@ -111,7 +112,8 @@ def cost_models(ms: Models, a) -> list[rp.Costs]:
         out.append(rp.Costs.measured(f"this machine ({platform.machine()}, {a.threads} threads, calibrated now)",
                                      verify, draft))
         print(f"calibrated: one token {verify[0] * 1000:.1f} ms, blocks of 2/4/16: " + "/".join(
-            f"{verify[k] / verify[0]:.2f}" for k in (1, 3, 15)) + f", a draft token {draft / verify[0]:.2f}", flush=True)
+            f"{verify[k] / verify[0]:.2f}" for k in (1, 3, 15)) + f", a draft token {draft / verify[0]:.2f}",
+              flush=True)
     out += [rp.Costs.from_file(f) for f in a.costs]
     out += [rp.Costs.linear(c, r, a.k_max) for c in a.grid_c for r in a.grid_r]
     return out
@@ -125,8 +127,8 @@ def evaluate(traces: list[rp.Trace], looks: list[list[int]], policies: list[Poli
     for t, look in zip(traces, looks):
         tot["plain"] += t.plain_cost
         for kinds in dict.fromkeys(p.kinds for p in policies):  # in order: the same JSON on every run
-            tot["bound " + "+".join(kinds)] += rp.bound(len(t.out), rp.drafter_options(t, costs, kinds, draft_max, look),
-                                                        costs.verify, draft_max)
+            options = rp.drafter_options(t, costs, kinds, draft_max, look)
+            tot["bound " + "+".join(kinds)] += rp.bound(len(t.out), options, costs.verify, draft_max)
         for p in policies:
             clock = rp.Clock()
             tot[p.name] += rp.replay(t, p.make(t, costs, clock), costs, p.draft_max, clock).cost
@@ -245,8 +247,8 @@ def checks(all_res: list[tuple[rp.Costs, dict]], rules: dict[str, tuple[float, d
         if rule and g:
             out.append(f"- {costs.name}: the best lookup rule that sees of a match only what the controller sees "
                        f"(its length, its kind), chosen knowing the answers: {rule[0]:.2f}× on grounded, "
-                       f"{100 * rp.gain_share(rule[0], g['bound lookup']):.0f}% of the lookup bound's gain (tokens drafted "
-                       f"by kind and match length: {table_text(rule[1])})")
+                       f"{100 * rp.gain_share(rule[0], g['bound lookup']):.0f}% of the lookup bound's gain "
+                       f"(tokens drafted by kind and match length: {table_text(rule[1])})")
         oracle = told.get(costs.name)
         if oracle and g:
             out.append(f"- {costs.name}: the same family of rules, told in advance at every step whether its copy's "
@@ -267,7 +269,8 @@ def checks(all_res: list[tuple[rp.Costs, dict]], rules: dict[str, tuple[float, d
         under = sorted((x, name, s) for name, fx, _ in ratios for s, x in fx.items() if x < 0.9)
         lose = [(name, s) for name, _, ll in ratios for s, x in ll.items() if x <= 1]
         out.append(f"- GPU-like curves: cells under 0.90 of the best fixed k in hindsight: {len(under)} of {cells}"
-                   + "".join(f"; {x:.3f} ({c}, {s})" for x, c, s in under) + f" (target 0): {'met' if not under else 'NOT met'}")
+                   + "".join(f"; {x:.3f} ({c}, {s})" for x, c, s in under)
+                   + f" (target 0): {'met' if not under else 'NOT met'}")
         out.append(f"- GPU-like curves: cells where a llama.cpp default matches or beats specli: {len(lose)} of {cells}"
                    + "".join(f"; {c}, {s}" for c, s in lose) + f" (target 0): {'met' if not lose else 'NOT met'}")
     return out

@@ -147,8 +147,9 @@ def main() -> None:
              f"Command: `{' '.join(['python -m research.studies.replay_vs_measured'] + sys.argv[1:])}`, "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {sess.ctx.threads} threads, "
              f"{len(prompts)} prompts of `{suite.name}`, {a.repeat} round(s), plain and lookup interleaved.", "",
-             f"Measured: plain {tokens['none'] / secs['none']:.2f} tok/s, lookup {tokens['lookup'] / secs['lookup']:.2f} "
-             f"tok/s: **{measured:.3f}×**. Same text as plain: {same} of {len(prompts)} answers.", "",
+             f"Measured: plain {tokens['none'] / secs['none']:.2f} tok/s, "
+             f"lookup {tokens['lookup'] / secs['lookup']:.2f} tok/s: **{measured:.3f}×**. "
+             f"Same text as plain: {same} of {len(prompts)} answers.", "",
              "| curve | replayed specli lookup | lookup bound | share of the bound's gain |", "|---|---|---|---|"]
     lines += [f"| {name} | {x:.3f}× | {b:.3f}× | {100 * rp.gain_share(x, b):.1f}% |" for name, x, b in rows]
     lines += ["", f"Each block size's cost over a plain step's (median {1000 * one:.1f} ms over "

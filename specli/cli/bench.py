@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Optional
 
 import typer
 
@@ -41,8 +40,8 @@ Examples:
 @one_line_errors
 def bench(
     click_ctx: typer.Context,
-    target: Optional[str] = TARGET_OPTION,
-    profile: Optional[str] = PROFILE_OPTION,
+    target: str | None = TARGET_OPTION,
+    profile: str | None = PROFILE_OPTION,
     draft: str = DRAFT_OPTION,
     suite: str = typer.Option("code,grounded,chat,unpredictable", "--suite", "-s",
                               help="Suite names (comma-separated) or a YAML/JSONL file of prompts."),
@@ -54,13 +53,13 @@ def bench(
     repeat: int = typer.Option(1, "--repeat", min=1, help="Measured passes over the suite."),
     draft_max: int = DRAFT_MAX_OPTION,
     ctx: int = CTX_OPTION,
-    threads: Optional[int] = THREADS_OPTION,
-    gpu_layers: Optional[int] = GPU_LAYERS_OPTION,
-    vram: Optional[str] = VRAM_OPTION,
+    threads: int | None = THREADS_OPTION,
+    gpu_layers: int | None = GPU_LAYERS_OPTION,
+    vram: str | None = VRAM_OPTION,
     compare_lcp: bool = typer.Option(False, "--compare-llama-cpp-python",
                                      help="Also time llama-cpp-python's own LlamaPromptLookupDecoding."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
-    out: Optional[str] = typer.Option(None, "--out", "-o", help="Write the JSON report to this file."),
+    out: str | None = typer.Option(None, "--out", "-o", help="Write the JSON report to this file."),
 ):
     """Plain vs speculative decoding side by side: speed, acceptance, and proof the text is the same."""
     from rich.console import Console

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from specli.cli.common import (
@@ -70,24 +68,24 @@ def _read_message(first_prompt: str = ">>> ", more_prompt: str = "... ") -> str:
 @one_line_errors
 def chat(
     click_ctx: typer.Context,
-    target: Optional[str] = TARGET_OPTION,
-    profile: Optional[str] = PROFILE_OPTION,
+    target: str | None = TARGET_OPTION,
+    profile: str | None = PROFILE_OPTION,
     draft: str = DRAFT_OPTION,
-    system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
+    system: str | None = typer.Option(None, "--system", help="System prompt."),
     max_tokens: int = typer.Option(512, "--max-tokens", "-n", min=1, help="Most tokens per reply."),
     temp: float = TEMP_OPTION,
     top_k: int = TOP_K_OPTION,
     top_p: float = TOP_P_OPTION,
-    seed: Optional[int] = SEED_OPTION,
+    seed: int | None = SEED_OPTION,
     draft_max: int = DRAFT_MAX_OPTION,
     draft_p_min: float = DRAFT_P_MIN_OPTION,
     adaptive: bool = ADAPTIVE_OPTION,
     lookup: bool = LOOKUP_OPTION,
     ctx: int = CTX_OPTION,
-    threads: Optional[int] = THREADS_OPTION,
-    gpu_layers: Optional[int] = GPU_LAYERS_OPTION,
-    draft_gpu_layers: Optional[int] = DRAFT_GPU_LAYERS_OPTION,
-    vram: Optional[str] = VRAM_OPTION,
+    threads: int | None = THREADS_OPTION,
+    gpu_layers: int | None = GPU_LAYERS_OPTION,
+    draft_gpu_layers: int | None = DRAFT_GPU_LAYERS_OPTION,
+    vram: str | None = VRAM_OPTION,
     show_drafts: bool = typer.Option(False, "--show-drafts", help="Colour the tokens that came from the drafter."),
 ):
     """Interactive chat, streamed, with the conversation kept in the KV cache between turns."""

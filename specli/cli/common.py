@@ -7,7 +7,6 @@ import os
 import signal
 import sys
 import threading
-from typing import Optional
 
 import typer
 
@@ -57,20 +56,20 @@ def one_line_errors(fn):
             return fn(*a, **kw)
         except SpecliError as e:
             err(error_line(e))
-            raise typer.Exit(e.exit_code)
+            raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             err("interrupted")
-            raise typer.Exit(130)
+            raise typer.Exit(130) from None
         except Terminated:
             err("terminated")
-            raise typer.Exit(143)
+            raise typer.Exit(143) from None
         except (typer.Exit, typer.Abort):
             raise
         except Exception as e:  # noqa: BLE001
             if os.environ.get("SPECLI_DEBUG"):
                 raise
             err(f"internal error: {type(e).__name__}: {e} (set SPECLI_DEBUG=1 for a traceback)")
-            raise typer.Exit(70)
+            raise typer.Exit(70) from None
         finally:
             if main:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL if old is None else old)
@@ -78,7 +77,7 @@ def one_line_errors(fn):
     return wrapper
 
 
-def read_prompt(prompt: Optional[str], file: Optional[str]) -> str:
+def read_prompt(prompt: str | None, file: str | None) -> str:
     from specli.utf8 import decode_utf8
 
     if prompt is not None and file is not None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from typing import Optional
 
 import typer
 
@@ -39,26 +38,26 @@ Examples:
 @one_line_errors
 def export(
     click_ctx: typer.Context,
-    profile: Optional[str] = typer.Argument(None, help="A profile (specli profiles); or use --target/--draft."),
+    profile: str | None = typer.Argument(None, help="A profile (specli profiles); or use --target/--draft."),
     to: str = typer.Option("llama-server", "--to", help="Engine: llama-server, vllm, sglang or lmstudio."),
-    target: Optional[str] = TARGET_OPTION,
+    target: str | None = TARGET_OPTION,
     draft: str = DRAFT_OPTION,
-    port: Optional[int] = typer.Option(None, "--port", min=1, max=65535,
+    port: int | None = typer.Option(None, "--port", min=1, max=65535,
                                        help="Port to serve on (default: the engine's own)."),
     hub_refs: bool = typer.Option(False, "--hub", help="llama-server: name Hub models with -hf/-hfd instead of "
                                                        "this machine's file paths (to serve elsewhere)."),
-    hf_target: Optional[str] = typer.Option(None, "--hf-target",
+    hf_target: str | None = typer.Option(None, "--hf-target",
                                             help="vLLM/SGLang: the target's safetensors repo (org/repo)."),
-    hf_draft: Optional[str] = typer.Option(None, "--hf-draft",
+    hf_draft: str | None = typer.Option(None, "--hf-draft",
                                            help="vLLM/SGLang: the draft's safetensors repo (org/repo)."),
     draft_max: int = DRAFT_MAX_OPTION,
     draft_p_min: float = DRAFT_P_MIN_OPTION,
     lookup: bool = LOOKUP_OPTION,
     ctx: int = CTX_OPTION,
-    threads: Optional[int] = THREADS_OPTION,
-    gpu_layers: Optional[int] = GPU_LAYERS_OPTION,
-    draft_gpu_layers: Optional[int] = DRAFT_GPU_LAYERS_OPTION,
-    vram: Optional[str] = VRAM_OPTION,
+    threads: int | None = THREADS_OPTION,
+    gpu_layers: int | None = GPU_LAYERS_OPTION,
+    draft_gpu_layers: int | None = DRAFT_GPU_LAYERS_OPTION,
+    vram: str | None = VRAM_OPTION,
 ):
     """Print the command that serves this target/draft pair with speculative decoding on another
     engine, with this machine's GPU placement and measured draft length."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Optional
 
 import typer
 
@@ -94,7 +93,7 @@ Examples:
   specli pairs --json
 """)
 @one_line_errors
-def pairs_cmd(target: Optional[str] = typer.Argument(None, help="Only this target (any model reference)."),
+def pairs_cmd(target: str | None = typer.Argument(None, help="Only this target (any model reference)."),
               as_json: bool = typer.Option(False, "--json", help="One JSON list, one object per target.")):
     """Which models on disk can draft for which target, by llama.cpp's tokenizer rules read from
     the headers (the check `specli check` makes), with the parameter ratio, and whether the target

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 import typer
 
@@ -47,7 +46,7 @@ Examples:
 """)
 @one_line_errors
 def check(target: str = typer.Argument(..., help="Target model reference."),
-          draft: Optional[str] = typer.Argument(None, help="Draft model reference (none: the target alone).")):
+          draft: str | None = typer.Argument(None, help="Draft model reference (none: the target alone).")):
     """Can this draft speculate for this target? llama.cpp's tokenizer rules, from the GGUF
     headers alone (Hub files are read with range requests, not downloaded). The target's own
     MTP layers are shown too."""
@@ -55,7 +54,8 @@ def check(target: str = typer.Argument(..., help="Target model reference."),
     from specli.resolve.gguf_header import vocab_from_header
 
     th = models.header_of(target)
-    mtp = f"{th.mtp_layers} ({'--draft mtp drafts with them' if th.mtp_usable else 'no MTP graph for this architecture in this llama.cpp'})" if th.mtp_layers else "none"
+    usable = "--draft mtp drafts with them" if th.mtp_usable else "no MTP graph for this architecture in this llama.cpp"
+    mtp = f"{th.mtp_layers} ({usable})" if th.mtp_layers else "none"
     print(f"target: architecture {th.architecture}, MTP layers {mtp}")
     if draft is None:
         return

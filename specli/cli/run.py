@@ -6,7 +6,6 @@ import dataclasses
 import json
 import os
 import sys
-from typing import Optional
 
 import typer
 
@@ -51,36 +50,36 @@ Examples:
 @one_line_errors
 def run(
     click_ctx: typer.Context,
-    target: Optional[str] = TARGET_OPTION,
-    profile: Optional[str] = PROFILE_OPTION,
+    target: str | None = TARGET_OPTION,
+    profile: str | None = PROFILE_OPTION,
     draft: str = DRAFT_OPTION,
-    prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="Prompt text (default: standard input)."),
-    file: Optional[str] = typer.Option(None, "--file", "-f", help="Read the prompt from this file."),
+    prompt: str | None = typer.Option(None, "--prompt", "-p", help="Prompt text (default: standard input)."),
+    file: str | None = typer.Option(None, "--file", "-f", help="Read the prompt from this file."),
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1, help="Most tokens to generate."),
     temp: float = TEMP_OPTION,
     top_k: int = TOP_K_OPTION,
     top_p: float = TOP_P_OPTION,
-    seed: Optional[int] = SEED_OPTION,
+    seed: int | None = SEED_OPTION,
     draft_max: int = DRAFT_MAX_OPTION,
     draft_p_min: float = DRAFT_P_MIN_OPTION,
     adaptive: bool = ADAPTIVE_OPTION,
     lookup: bool = LOOKUP_OPTION,
     ctx: int = CTX_OPTION,
-    threads: Optional[int] = THREADS_OPTION,
-    gpu_layers: Optional[int] = GPU_LAYERS_OPTION,
-    draft_gpu_layers: Optional[int] = DRAFT_GPU_LAYERS_OPTION,
-    vram: Optional[str] = VRAM_OPTION,
+    threads: int | None = THREADS_OPTION,
+    gpu_layers: int | None = GPU_LAYERS_OPTION,
+    draft_gpu_layers: int | None = DRAFT_GPU_LAYERS_OPTION,
+    vram: str | None = VRAM_OPTION,
     plan: bool = typer.Option(False, "--plan", help="Print where each model would go, and why; generate nothing."),
-    chat: Optional[bool] = typer.Option(None, "--chat/--raw",
+    chat: bool | None = typer.Option(None, "--chat/--raw",
                                         help="Apply the model's chat template (default when it has one)."),
-    system: Optional[str] = typer.Option(None, "--system", help="System prompt (with --chat)."),
+    system: str | None = typer.Option(None, "--system", help="System prompt (with --chat)."),
     stats: bool = typer.Option(False, "--stats", help="Print a one-line summary to stderr."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the text and stats."),
-    json_schema: Optional[str] = typer.Option(None, "--json-schema", metavar="FILE",
+    json_schema: str | None = typer.Option(None, "--json-schema", metavar="FILE",
                                               help="Constrain the output to this JSON schema (a .json file)."),
-    regex: Optional[str] = typer.Option(None, "--regex", metavar="RE",
+    regex: str | None = typer.Option(None, "--regex", metavar="RE",
                                         help="Constrain the output to match this regular expression."),
-    grammar: Optional[str] = typer.Option(None, "--grammar", metavar="FILE",
+    grammar: str | None = typer.Option(None, "--grammar", metavar="FILE",
                                           help="Constrain the output to this grammar: GBNF (llama.cpp's), "
                                                "or Lark when the file ends in .lark."),
 ):
@@ -131,6 +130,9 @@ def run(
     elif not interrupted:
         sys.stdout.write("\n")
     sys.stdout.flush()
+    if resp.finish_reason == "context":
+        err(f"stopped after {len(out_tokens)} tokens: the context ({sess.ctx.n_ctx} tokens) is full; "
+            "use a larger --ctx")
     if stats:
         err(st.summary())
     slower = sess.slower_than_plain(st)
@@ -173,7 +175,7 @@ def print_plan(opts) -> None:
 
 @app.command()
 @one_line_errors
-def doctor(vram: Optional[str] = typer.Option(None, "--vram", help="Pretend this much GPU memory is free.")):
+def doctor(vram: str | None = typer.Option(None, "--vram", help="Pretend this much GPU memory is free.")):
     """What this machine and this llama.cpp build can do, and how to fix a build that cannot use the GPU."""
     from specli.hardware.devices import detect, reinstall_hint
     from specli.util import fmt_size

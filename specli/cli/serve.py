@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from specli.cli.common import (
@@ -44,16 +42,16 @@ Then point any OpenAI client at http://127.0.0.1:8000/v1 (curl, openai-python, .
 @one_line_errors
 def serve(
     click_ctx: typer.Context,
-    target: Optional[str] = TARGET_OPTION,
-    profile: Optional[str] = PROFILE_OPTION,
+    target: str | None = TARGET_OPTION,
+    profile: str | None = PROFILE_OPTION,
     draft: str = DRAFT_OPTION,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (beyond loopback needs --api-key)."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPECLI_API_KEY", show_envvar=True,
+    api_key: str | None = typer.Option(None, "--api-key", envvar="SPECLI_API_KEY", show_envvar=True,
                                           help="Require 'Authorization: Bearer KEY' on /v1 requests."),
     queue: int = typer.Option(8, "--queue", min=0,
                               help="Requests that may wait behind the one generating; more get 503."),
-    name: Optional[str] = typer.Option(None, "--name",
+    name: str | None = typer.Option(None, "--name",
                                        help="Model name in /v1/models (default: the profile or GGUF file name)."),
     temp: float = typer.Option(1.0, "--temp", min=0.0, max=2.0,
                                help="Temperature for requests that give none (OpenAI's default, 1)."),
@@ -62,10 +60,10 @@ def serve(
     adaptive: bool = ADAPTIVE_OPTION,
     lookup: bool = LOOKUP_OPTION,
     ctx: int = CTX_OPTION,
-    threads: Optional[int] = THREADS_OPTION,
-    gpu_layers: Optional[int] = GPU_LAYERS_OPTION,
-    draft_gpu_layers: Optional[int] = DRAFT_GPU_LAYERS_OPTION,
-    vram: Optional[str] = VRAM_OPTION,
+    threads: int | None = THREADS_OPTION,
+    gpu_layers: int | None = GPU_LAYERS_OPTION,
+    draft_gpu_layers: int | None = DRAFT_GPU_LAYERS_OPTION,
+    vram: str | None = VRAM_OPTION,
     log_level: str = typer.Option("warning", "--log-level",
                                   help="uvicorn's log level: warning, info (one line per request), debug, ..."),
 ):

@@ -8,8 +8,8 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from specli.engine import Context, system_info
 from specli.util import cache_root
@@ -90,8 +90,9 @@ def _block(ctx: Context, n: int) -> list[int]:
 
 
 def _depth(ctx: Context, k_max: int) -> int:
-    """Tokens cached before a timed block: a typical prompt, so attention costs what it will."""
-    return max(1, min(256, ctx.n_ctx - k_max - 2))
+    """Tokens cached before a timed block: a typical prompt, so attention costs what it will
+    (none in a context too small for one: --ctx 8 times blocks of 8)."""
+    return max(0, min(256, ctx.n_ctx - k_max - 2))
 
 
 def measured_points(k_max: int) -> list[int]:

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
-from specli.measure.lossless import divergence
+from specli.measure.lossless import divergence, verdict
 from specli.measure.suite import Suite
 from specli.prompt import prompt_tokens
 from specli.speculate import registry
@@ -246,7 +247,7 @@ def _compare(ctx, outputs: dict, results: dict[str, ModeResult]) -> None:
         ref = outputs.get((PLAIN, pid))
         if mode != PLAIN and ref is not None and pid not in results[mode].lossless:
             d = divergence(ctx, toks, ref[1], out)
-            results[mode].lossless[pid] = "identical" if d is None else d.describe()
+            results[mode].lossless[pid] = verdict(d)
     base = results[PLAIN].tokens_per_s if PLAIN in results else 0.0
     for r in results.values():
         r.speedup = r.tokens_per_s / base if base and r.tokens else None

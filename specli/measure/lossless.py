@@ -5,8 +5,8 @@ one means a bug."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -14,6 +14,8 @@ from specli.engine import Context
 from specli.tokens import common_prefix
 
 NEAR_TIE = 1.0  # logits; batch-shape noise on quantised CPU models reaches ~0.6
+IDENTICAL = "identical"
+NEAR_TIE_KIND = "a near-tie (batched numerics)"
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,7 @@ class Divergence:
         return abs(self.gap) < NEAR_TIE
 
     def describe(self) -> str:
-        kind = "a near-tie (batched numerics)" if self.near_tie else "NOT a near-tie: likely a bug"
+        kind = NEAR_TIE_KIND if self.near_tie else "NOT a near-tie: likely a bug"
         return (f"differs from plain at token {self.position}: {self.got} vs {self.expected}; "
                 f"target top-2 margin there {self.margin:.3f}, the two tokens {abs(self.gap):.3f} apart: {kind}")
 
@@ -54,3 +56,14 @@ def divergence(ctx: Context, prompt: Sequence[int], reference: Sequence[int],
     top = np.argsort(-row)[:2]
     return Divergence(i, int(reference[i]), int(other[i]), int(top[0]), int(top[1]),
                       float(row[top[0]] - row[top[1]]), float(row[reference[i]] - row[other[i]]))
+
+
+def verdict(d: Divergence | None) -> str:
+    """One line for a report: ``identical``, or where the outputs part and whether that is a near-tie."""
+    return IDENTICAL if d is None else d.describe()
+
+
+def holds(verdict: str) -> bool:
+    """Whether a ``verdict`` line shows the target's own output: identical, or parted at a
+    near-tie. A divergence that is not a near-tie (a lossless violation) does not hold."""
+    return verdict == IDENTICAL or verdict.endswith(": " + NEAR_TIE_KIND)

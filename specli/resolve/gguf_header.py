@@ -33,7 +33,7 @@ _NP = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def ggml_type(type_id: int) -> tuple[str, int, int] | None:
     """(name, elements per block, bytes per block) of a ggml tensor type, from the gguf package's
     tables (llama.cpp's own); None when the installed gguf does not know the type's size."""

@@ -10,8 +10,8 @@ import os
 import re
 import shutil
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from specli.errors import SpecliError
 from specli.resolve import hfcache, integrity

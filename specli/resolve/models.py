@@ -13,8 +13,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from specli.errors import SpecliError
 from specli.resolve import hub, integrity, stores, wheels

@@ -162,7 +162,7 @@ def parse_profile(text: str, where: str) -> Profile:
         dn = nodes["defaults"]
         if not isinstance(dn, yaml.MappingNode):
             raise _fail(where, dn, "defaults must be a mapping")
-        for k, v in dn.value:
+        for k, _ in dn.value:
             if k.value not in DEFAULT_KEYS:
                 raise _fail(where, k, f"unknown key '{k.value}' in defaults "
                                       f"(allowed: {', '.join(DEFAULT_KEYS)})")

@@ -8,8 +8,8 @@ import asyncio
 import hmac
 import json
 import os
+from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
-from typing import AsyncIterator, Union
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -75,7 +75,7 @@ class Prompter:
             self._special = toolcalls.special_tokens(self.model)
         return self._special
 
-    def raw(self, prompt: Union[str, list[str], list[int]]) -> list[int]:
+    def raw(self, prompt: str | list[str] | list[int]) -> list[int]:
         if isinstance(prompt, list) and isinstance(prompt[0], int):
             bad = [t for t in prompt if not 0 <= t < self.model.n_vocab]
             if bad:

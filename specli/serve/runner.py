@@ -7,8 +7,8 @@ import ipaddress
 import signal
 import socket
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 import uvicorn
 from fastapi import FastAPI

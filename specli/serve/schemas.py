@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -30,11 +30,11 @@ def refuse(value, default, why: str = "is not supported by this server"):
 
 class Part(_Body):
     type: Literal["text", "image_url", "input_audio", "file", "refusal"]
-    text: Optional[str] = None
-    refusal: Optional[str] = None
-    image_url: Optional[dict] = None
-    input_audio: Optional[dict] = None
-    file: Optional[dict] = None
+    text: str | None = None
+    refusal: str | None = None
+    image_url: dict | None = None
+    input_audio: dict | None = None
+    file: dict | None = None
 
     @model_validator(mode="after")
     def _text_only(self):
@@ -58,13 +58,13 @@ class ToolCallIn(_Body):
 
 class Message(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Union[str, list[Part], None] = None
-    name: Optional[str] = None
-    tool_calls: Optional[list[ToolCallIn]] = None  # assistant
-    tool_call_id: Optional[str] = None  # tool
-    refusal: Optional[str] = None  # assistant: OpenAI's clients send it back as they got it (null)
-    audio: Optional[dict] = None
-    function_call: Optional[dict] = None
+    content: str | list[Part] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None  # assistant
+    tool_call_id: str | None = None  # tool
+    refusal: str | None = None  # assistant: OpenAI's clients send it back as they got it (null)
+    audio: dict | None = None
+    function_call: dict | None = None
 
     @field_validator("audio")
     @classmethod
@@ -93,31 +93,31 @@ class Message(_Body):
 
 class StreamOptions(_Body):
     include_usage: bool = False
-    include_obfuscation: Optional[bool] = None  # no effect: nothing is obfuscated
+    include_obfuscation: bool | None = None  # no effect: nothing is obfuscated
 
 
 class Sampling(_Body):
     """What both endpoints share."""
 
     model: str
-    max_tokens: Optional[int] = Field(None, ge=1)
-    temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float = Field(1.0, ge=0.0, le=1.0)
     top_k: int = Field(0, ge=0)  # not OpenAI's, as llama.cpp's server accepts it
-    seed: Optional[int] = None
-    stop: Union[str, list[str], None] = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
     stream: bool = False
-    stream_options: Optional[StreamOptions] = None
+    stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1, description="only one choice per request")
     # llama-server's constraints: a JSON schema, a GBNF grammar
-    json_schema: Optional[dict] = None
-    grammar: Optional[str] = None
+    json_schema: dict | None = None
+    grammar: str | None = None
     # not implemented: only the value that changes nothing passes
-    frequency_penalty: Optional[float] = None
-    presence_penalty: Optional[float] = None
-    logit_bias: Optional[dict] = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict | None = None
     # no effect on the answer
-    user: Optional[str] = None
+    user: str | None = None
 
     @field_validator("frequency_penalty", "presence_penalty")
     @classmethod
@@ -145,9 +145,9 @@ class Sampling(_Body):
 
 class FunctionDef(_Body):
     name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
-    description: Optional[str] = None
-    parameters: Optional[dict] = None
-    strict: Optional[bool] = None  # the arguments follow the schema whenever they are constrained
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None  # the arguments follow the schema whenever they are constrained
 
 
 class ToolDef(_Body):
@@ -166,14 +166,14 @@ class NamedChoice(_Body):
 
 class SchemaFormat(_Body):
     name: str
-    schema_: Optional[dict] = Field(None, alias="schema")
-    description: Optional[str] = None
-    strict: Optional[bool] = None
+    schema_: dict | None = Field(None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
 
 
 class ResponseFormat(_Body):
     type: Literal["text", "json_object", "json_schema"]
-    json_schema: Optional[SchemaFormat] = None
+    json_schema: SchemaFormat | None = None
 
     @model_validator(mode="after")
     def _schema_given(self):
@@ -184,28 +184,28 @@ class ResponseFormat(_Body):
 
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: Optional[int] = Field(None, ge=1)
-    tools: Optional[list[ToolDef]] = None
-    tool_choice: Union[Literal["none", "auto", "required"], NamedChoice, None] = None
-    parallel_tool_calls: Optional[bool] = None
-    response_format: Optional[ResponseFormat] = None
-    logprobs: Optional[bool] = None
-    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     # no effect on the answer
-    metadata: Optional[dict] = None
-    store: Optional[bool] = None
-    service_tier: Optional[str] = None
-    prompt_cache_key: Optional[str] = None
-    safety_identifier: Optional[str] = None
+    metadata: dict | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
     # not implemented
-    modalities: Optional[list[str]] = None
-    audio: Optional[dict] = None
-    prediction: Optional[dict] = None
-    reasoning_effort: Optional[str] = None
-    verbosity: Optional[str] = None
-    web_search_options: Optional[dict] = None
-    functions: Optional[list] = None
-    function_call: Union[str, dict, None] = None
+    modalities: list[str] | None = None
+    audio: dict | None = None
+    prediction: dict | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    web_search_options: dict | None = None
+    functions: list | None = None
+    function_call: str | dict | None = None
 
     @field_validator("modalities")
     @classmethod
@@ -228,11 +228,11 @@ class ChatRequest(Sampling):
 
 
 class CompletionRequest(Sampling):
-    prompt: Union[str, list[str], list[int]]
+    prompt: str | list[str] | list[int]
     echo: bool = Field(False, description="not supported")
-    logprobs: Optional[int] = Field(None, ge=0, le=20)
-    best_of: Optional[int] = None
-    suffix: Optional[str] = None
+    logprobs: int | None = Field(None, ge=0, le=20)
+    best_of: int | None = None
+    suffix: str | None = None
 
     @field_validator("best_of")
     @classmethod

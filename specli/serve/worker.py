@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from specli.constrain import Constraint
 from specli.serve.schemas import FINISH

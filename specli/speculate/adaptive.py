@@ -3,8 +3,8 @@ the draft model's confidence calibrated per probability bin."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Sequence
 
 from specli.speculate.controller import (
     Acceptance,
@@ -54,8 +54,8 @@ class AdaptiveDrafter(Drafter):
     soon as its next token no longer pays (before the pass that would show it, when even an
     average token would not), or when its draft runs into text the context holds (a match of
     ``HANDOVER_MATCH`` tokens) and copying on promises more than the model's own tokens:
-    lookup's copy then finishes the draft for free. Lookup is scored on its whole proposal against what the target emitted,
-    also on steps it did not draft or drafted only part of (shadow accounting), so it is
+    lookup's copy then finishes the draft for free. Lookup is scored on its whole proposal against what the target
+    emitted, also on steps it did not draft or drafted only part of (shadow accounting), so it is
     picked up again as soon as the text starts to repeat, and short drafts that all pass
     still teach how far a copy goes on.
     """

@@ -11,8 +11,8 @@ brought, were its drafts good, has mounted up to what the probe costs (a rent-or
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Sequence
 
 from specli.speculate.drafters import AMBIGUOUS, LOOKUP, NONE, RESYNC, Source
 from specli.speculate.settings import DEFAULTS
@@ -149,7 +149,7 @@ class Acceptance:
     rest: float = 0.5  # prior acceptance of each later one
     weight: float = 2.0  # prior strength in trials
     decay: float = 0.92
-    rest_from: "Acceptance | None" = None
+    rest_from: Acceptance | None = None
 
     def __post_init__(self):
         self.f_ok, self.f_n = self.first * self.weight, self.weight

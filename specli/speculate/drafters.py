@@ -12,8 +12,8 @@ Adding a drafter means a class here (or beside it) and its entry in
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 

@@ -5,7 +5,7 @@ text, extracting fields)."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class NgramIndex:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import codecs
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable, Iterator, Sequence
 
 import numpy as np
 

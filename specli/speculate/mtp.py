@@ -17,7 +17,7 @@ first (it aborts the process on misuse).
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

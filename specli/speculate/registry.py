@@ -15,9 +15,10 @@ drafter: a :class:`DraftKind` member and its :class:`Entry` (what it needs and i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Callable, Protocol
+from typing import Protocol
 
 from specli.errors import SpecliError
 from specli.speculate.adaptive import adaptive_drafter

@@ -10,8 +10,8 @@ The tokens produced this way are distributed exactly as plain sampling from p.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
