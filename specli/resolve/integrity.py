@@ -66,6 +66,11 @@ def remember(path: str | os.PathLike, sha256: str) -> None:
             Path(tmp).unlink(missing_ok=True)
 
 
+def known_sha256(path: str | os.PathLike) -> str | None:
+    """The SHA-256 recorded for ``path`` as it is now, or None (never hashed, or changed since)."""
+    return _load().get(_key(path))
+
+
 def problem(path: str | os.PathLike, sha256: str | None = None, size: int | None = None) -> str | None:
     """Why the file at ``path`` is not the expected one, or None when it is (or nothing is known
     to check it against). "missing" when there is no file."""
@@ -77,7 +82,7 @@ def problem(path: str | os.PathLike, sha256: str | None = None, size: int | None
         return f"{st.st_size:,} bytes, expected {size:,}"
     if not sha256:
         return None
-    if _load().get(_key(path)) == sha256:
+    if known_sha256(path) == sha256:
         return None
     digest = sha256_of(path)
     if digest != sha256:

@@ -85,9 +85,11 @@ def model_ids(session: Session, name: str | None = None) -> list[str]:
 
 
 def create_app(session: Session, name: str | None = None, api_key: str | None = None,
-               queue: int = 8, temperature: float = 1.0) -> FastAPI:
-    """The API over ``session`` (the caller closes it). ``temperature`` is what a request
-    that gives none gets (OpenAI's default is 1)."""
+               queue: int = 8, temperature: float | None = None) -> FastAPI:
+    """The API over ``session`` (the caller closes it): OpenAI's under /v1, Ollama's under
+    /api. ``temperature`` is what a request that gives none gets (None: each API's own
+    default, OpenAI's 1 and Ollama's 0.8)."""
+    from specli.serve.ollama import make_router
     worker = Worker(session, queue)
     prompter = Prompter(session)
     ids = model_ids(session, name)
@@ -109,6 +111,7 @@ def create_app(session: Session, name: str | None = None, api_key: str | None = 
     app.state.worker, app.state.session, app.state.model_ids = worker, session, ids
     _error_handlers(app)
     auth = [Depends(authorized)]
+    app.include_router(make_router(session, worker, prompter, ids, auth, temperature))
 
     @app.get("/health")
     async def health() -> dict:
@@ -162,8 +165,8 @@ def _model_card(model_id: str, session: Session) -> dict:
 
 
 async def _answer(request: Request, worker: Worker, reply: Reply, body, toks: list[int], limit: int,
-                  temperature: float):
-    t = body.temperature if body.temperature is not None else temperature
+                  temperature: float | None):
+    t = body.temperature if body.temperature is not None else 1.0 if temperature is None else temperature
     params = SamplingParams(temperature=t, top_k=body.top_k, top_p=body.top_p, seed=body.seed)
     job = Job(toks, params, limit, body.stops)
     try:
@@ -241,6 +244,17 @@ def _event_error(ev: Event) -> APIError:
     return APIError(500, f"generation failed: {type(ev.error).__name__}: {ev.error}", type="server_error")
 
 
+def validation_message(errors: list) -> tuple[str, str | None, str | None]:
+    """One line for the first of pydantic's ``errors`` in a request body, the field it is
+    about, and a code."""
+    first = errors[0]
+    if first["type"] == "json_invalid":
+        return f"invalid JSON: {first.get('ctx', {}).get('error', first['msg'])}", None, None
+    param = ".".join(str(p) for p in first["loc"] if p != "body") or None
+    msg = "unknown field" if first["type"] == "extra_forbidden" else first["msg"].removeprefix("Value error, ")
+    return (f"{param}: {msg}" if param else msg), param, "invalid_value"
+
+
 def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
@@ -248,15 +262,8 @@ def _error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError):
-        first = e.errors()[0]
-        if first["type"] == "json_invalid":
-            return JSONResponse(error_body(f"invalid JSON: {first.get('ctx', {}).get('error', first['msg'])}"),
-                                status_code=400)
-        loc = [str(p) for p in first["loc"] if p != "body"]
-        param = ".".join(loc) or None
-        msg = first["msg"].removeprefix("Value error, ")
-        return JSONResponse(error_body(f"{param}: {msg}" if param else msg, param=param,
-                                       code="invalid_value"), status_code=400)
+        msg, param, code = validation_message(e.errors())
+        return JSONResponse(error_body(msg, param=param, code=code), status_code=400)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException):

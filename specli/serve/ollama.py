@@ -1,0 +1,525 @@
+"""Ollama's HTTP API over the same Session and worker as the OpenAI one, so clients written
+for Ollama (the ``ollama`` package, editors, chat front-ends) work unchanged against
+``specli serve --port 11434``: ``/api/chat`` and ``/api/generate`` (NDJSON streaming by
+default), ``/api/tags``, ``/api/show``, ``/api/ps``, ``/api/version``, and ``/`` ("Ollama is
+running"). Errors come back as Ollama gives them, ``{"error": "..."}``.
+
+Every request field and option either does what Ollama does or gets a 400 naming it; the
+few accepted without effect (``keep_alive``, load-time options) cannot change the text."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from contextlib import aclosing
+from datetime import datetime, timedelta, timezone
+from typing import Annotated, Any, AsyncIterator, Callable, Literal, Optional, Union
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from starlette.concurrency import run_in_threadpool
+
+from specli import __version__
+from specli.resolve import integrity
+from specli.resolve.hfcache import blob_sha256
+from specli.serve.app import APIError, Prompter, _event_error, _events, _tokens, validation_message
+from specli.serve.worker import Event, Job, QueueFull, Worker
+from specli.session import Session
+from specli.speculate.verify import SamplingParams
+
+# the Ollama API version these endpoints follow (clients gate features such as tools and
+# structured outputs on it); specli's own version rides beside it
+OLLAMA_VERSION = "0.12.0"
+# Ollama's sampling defaults (its Modelfile documentation); num_predict -1: until the context is full
+DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}
+# options accepted only at their neutral value: specli samples the model's own distribution
+NEUTRAL = {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_p": 0.0,
+           "typical_p": 1.0, "tfs_z": 1.0, "mirostat": 0}
+# accepted and without effect on the text: the model is loaded once, when the server starts
+# (--ctx, --threads, --gpu-layers), and no repetition penalty is applied (repeat_last_n,
+# penalize_newline); num_keep only matters to Ollama's context shifting, which specli never does
+LOAD_TIME = ("numa", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv", "logits_all", "vocab_only",
+             "use_mmap", "use_mlock", "embedding_only", "num_thread", "num_keep", "repeat_last_n", "penalize_newline")
+NOT_SERVED = ("pull", "push", "create", "copy", "delete", "embed", "embeddings", "blobs")
+
+
+# -- request bodies ----------------------------------------------------------------------
+class _Body(BaseModel):
+    # unknown fields are refused: each may be something the client expects to change the output
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class Options(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    temperature: Optional[float] = Field(None, ge=0.0)
+    top_k: Optional[int] = Field(None, ge=0)
+    top_p: Optional[float] = Field(None, ge=0.0, le=1.0)
+    seed: Optional[int] = None
+    num_predict: Optional[int] = Field(None, ge=-2)
+    num_ctx: Optional[int] = Field(None, ge=1)
+    stop: Optional[list[str]] = None
+
+    @model_validator(mode="after")
+    def _known(self):
+        extra = dict(self.model_extra or {})
+        unknown = sorted(k for k in extra if k not in NEUTRAL and k not in LOAD_TIME)
+        if unknown:
+            raise ValueError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} (specli serves "
+                             "temperature, top_k, top_p, seed, num_predict, num_ctx, stop)")
+        for k, neutral in NEUTRAL.items():
+            v = extra.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v != neutral):
+                raise ValueError(f"{k} {v!r} is not supported: specli samples the model's own distribution "
+                                 f"(send {neutral} or leave it out)")
+        return self
+
+    @field_validator("num_predict")
+    @classmethod
+    def _predict(cls, v):
+        if v == 0:
+            raise ValueError("num_predict must be positive, -1 (until the context is full) or -2")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v):
+        if v and any(not s for s in v):
+            raise ValueError("stop sequences must not be empty")
+        return v
+
+    def sampling(self, temperature: float | None) -> SamplingParams:
+        """Ollama's defaults where the request gives nothing; a negative seed is a random one."""
+        t = self.temperature if self.temperature is not None else (
+            temperature if temperature is not None else DEFAULTS["temperature"])
+        return SamplingParams(temperature=t, top_k=DEFAULTS["top_k"] if self.top_k is None else self.top_k,
+                              top_p=DEFAULTS["top_p"] if self.top_p is None else self.top_p,
+                              seed=self.seed if self.seed is not None and self.seed >= 0 else None)
+
+
+class _Request(_Body):
+    model: str = Field(min_length=1)
+    stream: bool = True
+    format: Union[Literal["", "json"], dict, None] = None
+    options: Optional[Options] = None
+    keep_alive: Union[float, int, str, None] = None  # the model stays loaded until the server stops
+    think: Union[bool, str, None] = None
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = None
+
+    @field_validator("think")
+    @classmethod
+    def _no_thinking(cls, v):
+        if v not in (None, False):
+            raise ValueError("thinking is not supported: specli does not separate a model's thinking from its "
+                             "answer (leave think out, or send false)")
+        return v
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v):
+        if v:
+            raise ValueError("log-probabilities are not supported on Ollama's API yet")
+        return v
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _no_top_logprobs(cls, v):
+        if v:
+            raise ValueError("log-probabilities are not supported on Ollama's API yet")
+        return v
+
+    @property
+    def opts(self) -> Options:
+        return self.options or Options()
+
+
+def _no_images(v):
+    if v:
+        raise ValueError("images are not supported: the served model takes text only")
+    return v
+
+
+Images = Annotated[Optional[list[str]], AfterValidator(_no_images)]
+
+
+class ToolFunction(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    name: str
+    arguments: dict[str, Any]
+    index: Optional[int] = None
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    function: ToolFunction
+
+
+class Message(_Body):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    images: Images = None
+    thinking: Optional[str] = None
+    tool_calls: Optional[list[ToolCall]] = None
+    tool_name: Optional[str] = None
+
+    @field_validator("thinking")
+    @classmethod
+    def _no_thinking(cls, v):
+        if v:
+            raise ValueError("thinking is not supported: specli does not separate a model's thinking from its answer")
+        return v
+
+    def as_dict(self) -> dict:
+        """The message as a chat template expects it."""
+        d: dict = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            d["tool_calls"] = [{"type": "function", "function": {"name": c.function.name,
+                                                                 "arguments": c.function.arguments}}
+                               for c in self.tool_calls]
+        if self.tool_name:
+            d["name"] = self.tool_name
+        return d
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"] = "function"
+    function: dict[str, Any]
+
+
+class ChatBody(_Request):
+    messages: list[Message] = Field(default_factory=list)
+    tools: Optional[list[Tool]] = None
+
+
+class GenerateBody(_Request):
+    prompt: Optional[str] = None
+    system: Optional[str] = None
+    raw: bool = False
+    images: Images = None
+    suffix: Optional[str] = None
+    template: Optional[str] = None
+    context: Optional[list[int]] = None
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v):
+        if v:
+            raise ValueError("suffix (fill-in-the-middle) is not supported")
+        return v
+
+    @field_validator("template")
+    @classmethod
+    def _no_template(cls, v):
+        if v:
+            raise ValueError("a template override is not supported: specli renders the GGUF's own chat template "
+                             "(or send raw: true with the prompt already formatted)")
+        return v
+
+    @field_validator("context")
+    @classmethod
+    def _no_context(cls, v):
+        if v:
+            raise ValueError("context (deprecated by Ollama) is not supported: send the conversation to /api/chat")
+        return v
+
+    @model_validator(mode="after")
+    def _raw_system(self):
+        if self.raw and self.system:
+            raise ValueError("system has no effect with raw: true; put it in the prompt")
+        return self
+
+
+# -- what /api/tags, /api/show and /api/ps say about the model -----------------------------
+def _rfc3339(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _now() -> str:
+    return _rfc3339(time.time())
+
+
+def parameter_size(n: int) -> str:
+    """Ollama's way of writing a parameter count: 1.5B, 494.03M."""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            x = n / scale
+            return f"{x:.0f}{unit}" if x == int(x) else f"{x:.1f}{unit}" if unit == "B" else f"{x:.2f}{unit}"
+    return str(n)
+
+
+def quantization_level(header) -> str:
+    """The file type as Ollama names it (Q4_K_M, F16, ...), from ``general.file_type``."""
+    from gguf import LlamaFileType
+    ft = header.get("general.file_type")
+    try:
+        name = LlamaFileType(int(ft)).name
+    except (TypeError, ValueError):
+        return "unknown"
+    return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+
+
+def file_digest(path: str) -> str:
+    """The file's SHA-256: the Hub's blob name, or what specli verified before, else hashed once
+    (seconds for GB files) and remembered beside the other verified files."""
+    known = blob_sha256(path) or integrity.known_sha256(path)
+    if known:
+        return known
+    digest = integrity.sha256_of(path)
+    integrity.remember(path, digest)
+    return digest
+
+
+def _plain(v: Any, verbose: bool) -> Any:
+    """A header value as JSON; arrays (the vocabulary, merges) empty unless ``verbose``, as Ollama does."""
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return (v.tolist() if isinstance(v, np.ndarray) else list(v)) if verbose else []
+    return v.item() if isinstance(v, np.generic) else v
+
+
+class ModelCard:
+    """The served model as Ollama's listing endpoints describe it, from the GGUF header."""
+
+    def __init__(self, session: Session, ids: list[str]):
+        self.session, self.ids = session, ids
+        self.name = ids[0] if ":" in ids[0] else f"{ids[0]}:latest"
+        h = self.header = session.target.header
+        arch = h.architecture
+        self.details = {"parent_model": "", "format": "gguf", "family": arch, "families": [arch],
+                        "parameter_size": parameter_size(h.n_params), "quantization_level": quantization_level(h)}
+        self.path = session.target.path
+        self.size = os.path.getsize(self.path)
+        self.modified_at = _rfc3339(os.path.getmtime(self.path))
+        self._digest: str | None = None
+
+    def names(self) -> set[str]:
+        """Every name a request may use: the served ones, with or without ``:latest``."""
+        return {n for i in self.ids for n in (i, f"{i}:latest")}
+
+    async def digest(self) -> str:
+        if self._digest is None:
+            self._digest = await run_in_threadpool(file_digest, self.path)
+        return self._digest
+
+    async def listed(self) -> dict:
+        return {"name": self.name, "model": self.name, "modified_at": self.modified_at, "size": self.size,
+                "digest": await self.digest(), "details": self.details}
+
+    async def running(self) -> dict:
+        s = self.session
+        layers = int(self.header.arch_key("block_count", 0) or 0)
+        on_gpu = layers if s.target_gpu_layers < 0 else min(s.target_gpu_layers, layers)
+        size_vram = self.size * on_gpu // layers if layers else 0
+        # loaded until the server stops, whatever keep_alive said
+        expires = _rfc3339(time.time() + timedelta(days=365 * 100).total_seconds())
+        return {**await self.listed(), "expires_at": expires, "size_vram": size_vram,
+                "context_length": s.ctx.n_ctx}
+
+    def show(self, verbose: bool) -> dict:
+        s = self.session
+        info = {k: _plain(v, verbose) for k, v in self.header.metadata.items() if k != "tokenizer.chat_template"}
+        template = s.target.chat_template() or ""
+        caps = ["completion"] + (["tools"] if "tools" in template else [])
+        params = "\n".join(f"{k:<30} {v}" for k, v in [*DEFAULTS.items(), ("num_ctx", s.ctx.n_ctx)])
+        draft = f"# draft: {os.path.basename(s.draft_path)}\n" if s.draft_path else ""
+        return {"modelfile": f"# served by specli (drafter: {s.drafter.name})\n{draft}FROM {self.path}\n",
+                "parameters": params, "template": template, "details": self.details, "model_info": info,
+                "capabilities": caps, "modified_at": self.modified_at,
+                "license": str(self.header.get("general.license", ""))}
+
+
+# -- the answers ---------------------------------------------------------------------------
+def _ns(seconds: float) -> int:
+    return int(seconds * 1e9)
+
+
+class Reply:
+    """The objects of one answer: ``/api/chat`` messages or ``/api/generate`` responses."""
+
+    def __init__(self, model: str, chat: bool):
+        self.model, self.chat = model, chat
+        self.t0 = time.perf_counter_ns()
+
+    def part(self, text: str, calls: list[dict] | None = None) -> dict:
+        body: dict = {"model": self.model, "created_at": _now()}
+        if self.chat:
+            body["message"] = {"role": "assistant", "content": text} | ({"tool_calls": calls} if calls else {})
+        else:
+            body["response"] = text
+        body["done"] = False
+        return body
+
+    def loaded(self) -> dict:
+        """The answer to an empty request, which Ollama clients send to load the model."""
+        return self.part("") | {"done": True, "done_reason": "load"}
+
+    def done(self, ev: Event, n_prompt: int, text: str = "", calls: list[dict] | None = None) -> dict:
+        st = ev.stats
+        return self.part(text, calls) | {
+            "done": True, "done_reason": ev.finish,
+            "total_duration": time.perf_counter_ns() - self.t0, "load_duration": 0,
+            "prompt_eval_count": n_prompt, "prompt_eval_duration": _ns(st.t_prefill),
+            "eval_count": st.generated, "eval_duration": _ns(st.t_generate),
+            "specli": {"mode": st.mode, "drafted": st.drafted, "accepted": st.accepted,
+                       "prompt_tokens_cached": st.prompt_tokens_cached}}
+
+
+def _line(obj: dict) -> str:
+    return json.dumps(obj, ensure_ascii=False) + "\n"
+
+
+async def _ndjson(events: AsyncIterator[Event], reply: Reply, n_prompt: int) -> AsyncIterator[str]:
+    async with aclosing(events):
+        async for ev in events:
+            if ev.kind == "text":
+                yield _line(reply.part(ev.text))
+            elif ev.kind == "done":
+                yield _line(reply.done(ev, n_prompt))
+            else:
+                yield _line({"error": str(_event_error(ev))})
+
+
+async def _parse(request: Request, cls: type[BaseModel]):
+    """The request's body as ``cls``, whatever its content type says (Ollama reads JSON from
+    ``curl -d``, which sends a form content type)."""
+    try:
+        return cls.model_validate_json(await request.body())
+    except ValidationError as e:
+        raise APIError(400, validation_message(e.errors())[0]) from None
+
+
+class _Route(APIRoute):
+    """Every failure of an Ollama endpoint (a bad body, a wrong key, a busy server) answered
+    in Ollama's error shape."""
+
+    def get_route_handler(self) -> Callable:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except APIError as e:
+                return JSONResponse({"error": str(e)}, status_code=e.status, headers=e.headers)
+
+        return route
+
+
+class ShowBody(_Body):
+    model: str = Field(min_length=1)
+    verbose: bool = False
+
+
+def make_router(session: Session, worker: Worker, prompter: Prompter, ids: list[str], auth: list,
+                temperature: float | None = None) -> APIRouter:
+    """Ollama's endpoints over the app's worker; ``auth`` guards all but ``/`` and
+    ``/api/version``; ``temperature`` is what a request that gives none gets (None: Ollama's 0.8)."""
+    card = ModelCard(session, ids)
+    names = card.names()
+    router = APIRouter(route_class=_Route)
+
+    def check_model(name: str) -> None:
+        if name not in names:
+            raise APIError(404, f"model '{name}' not found; this server serves '{card.name}'")
+
+    @router.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
+    async def running() -> PlainTextResponse:
+        return PlainTextResponse("Ollama is running")
+
+    @router.get("/api/version")
+    async def version() -> dict:
+        return {"version": OLLAMA_VERSION, "specli": __version__}
+
+    @router.get("/api/tags", dependencies=auth)
+    async def tags() -> dict:
+        return {"models": [await card.listed()]}
+
+    @router.get("/api/ps", dependencies=auth)
+    async def ps() -> dict:
+        return {"models": [await card.running()]}
+
+    @router.post("/api/show", dependencies=auth)
+    async def show(request: Request) -> dict:
+        body = await _parse(request, ShowBody)
+        check_model(body.model)
+        return card.show(body.verbose)
+
+    @router.post("/api/chat", dependencies=auth)
+    async def chat(request: Request):
+        body = await _parse(request, ChatBody)
+        reply = Reply(body.model, chat=True)
+        check_model(body.model)
+        if not body.messages:
+            return _single(reply.loaded(), body.stream)
+        msgs = [m.as_dict() for m in body.messages]
+        toks = await run_in_threadpool(_tokens, prompter.chat, msgs, "messages")
+        return await answer(request, body, toks, reply)
+
+    @router.post("/api/generate", dependencies=auth)
+    async def generate(request: Request):
+        body = await _parse(request, GenerateBody)
+        reply = Reply(body.model, chat=False)
+        check_model(body.model)
+        if not body.prompt:
+            return _single(reply.loaded(), body.stream)
+        if body.raw or not prompter.template:
+            if body.system:
+                raise APIError(400, f"system: {session.target.name} has no chat template to put it in; "
+                                    "put it in the prompt")
+            toks = await run_in_threadpool(_tokens, prompter.raw, body.prompt, "prompt")
+        else:
+            msgs = [{"role": "system", "content": body.system}] if body.system else []
+            msgs.append({"role": "user", "content": body.prompt})
+            toks = await run_in_threadpool(_tokens, prompter.chat, msgs, "prompt")
+        return await answer(request, body, toks, reply)
+
+    @router.api_route("/api/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "HEAD"], include_in_schema=False)
+    async def not_served(rest: str, request: Request):
+        raise APIError(404, f"{request.method} /api/{rest} is not served: specli serves one model, loaded when it "
+                            "started (it serves /api/chat, /api/generate, /api/tags, /api/show, /api/ps, /api/version)")
+
+    async def answer(request: Request, body: _Request, toks: list[int], reply: Reply):
+        o = body.opts
+        n_ctx = prompter.n_ctx
+        if o.num_ctx is not None:
+            if o.num_ctx > n_ctx:
+                raise APIError(400, f"options.num_ctx: {o.num_ctx} is more than the context this server loaded "
+                                    f"({n_ctx} tokens); restart specli serve with --ctx {o.num_ctx}")
+            n_ctx = o.num_ctx
+            if len(toks) >= n_ctx:
+                raise APIError(400, f"options.num_ctx: the prompt is {len(toks)} tokens, longer than the context "
+                                    f"asked for ({n_ctx} tokens)")
+        room = n_ctx - len(toks)
+        limit = min(o.num_predict, room) if o.num_predict and o.num_predict > 0 else room
+        job = Job(toks, o.sampling(temperature), limit, list(o.stop or []))
+        try:
+            worker.submit(job)
+        except QueueFull as e:
+            raise APIError(503, f"the server is busy ({e}); retry later", headers={"Retry-After": "1"}) from None
+        events = _events(job, request)
+        if body.stream:
+            return StreamingResponse(_ndjson(events, reply, len(toks)), media_type="application/x-ndjson",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        pieces: list[str] = []
+        async with aclosing(events):
+            async for ev in events:
+                if ev.kind == "text":
+                    pieces.append(ev.text)
+                elif ev.kind == "done":
+                    return reply.done(ev, len(toks), "".join(pieces))
+                else:
+                    raise _event_error(ev)
+        raise APIError(499, "client closed the request")  # nobody reads this
+
+    return router
+
+
+def _single(obj: dict, stream: bool) -> Response:
+    """One object, as one NDJSON line when the client asked for a stream."""
+    if stream:
+        return Response(_line(obj), media_type="application/x-ndjson")
+    return JSONResponse(obj)
