@@ -455,6 +455,8 @@ def make_router(session: Session, worker: Worker, prompter: Prompter, ids: list[
         check_model(body.model)
         if not body.messages:
             return _single(reply.loaded(), body.stream)
+        if body.tools:  # TODO(issue 28): specli.toolcalls once it lands
+            raise APIError(400, "tools: tool calls are not available in this build yet")
         msgs = [m.as_dict() for m in body.messages]
         toks = await run_in_threadpool(_tokens, prompter.chat, msgs, "messages")
         return await answer(request, body, toks, reply)
@@ -493,6 +495,8 @@ def make_router(session: Session, worker: Worker, prompter: Prompter, ids: list[
             if len(toks) >= n_ctx:
                 raise APIError(400, f"options.num_ctx: the prompt is {len(toks)} tokens, longer than the context "
                                     f"asked for ({n_ctx} tokens)")
+        if body.format:  # TODO(issue 28): Constraint once specli.constrain lands
+            raise APIError(400, "format: structured output is not available in this build yet")
         room = n_ctx - len(toks)
         limit = min(o.num_predict, room) if o.num_predict and o.num_predict > 0 else room
         job = Job(toks, o.sampling(temperature), limit, list(o.stop or []))
