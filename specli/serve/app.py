@@ -112,6 +112,7 @@ def create_app(session: Session, name: str | None = None, api_key: str | None = 
     _error_handlers(app)
     auth = [Depends(authorized)]
     app.include_router(make_router(session, worker, prompter, ids, auth, temperature))
+    temperature = 1.0 if temperature is None else temperature  # OpenAI's default, for /v1
 
     @app.get("/health")
     async def health() -> dict:
@@ -165,8 +166,8 @@ def _model_card(model_id: str, session: Session) -> dict:
 
 
 async def _answer(request: Request, worker: Worker, reply: Reply, body, toks: list[int], limit: int,
-                  temperature: float | None):
-    t = body.temperature if body.temperature is not None else 1.0 if temperature is None else temperature
+                  temperature: float):
+    t = body.temperature if body.temperature is not None else temperature
     params = SamplingParams(temperature=t, top_k=body.top_k, top_p=body.top_p, seed=body.seed)
     job = Job(toks, params, limit, body.stops)
     try:
@@ -244,17 +245,6 @@ def _event_error(ev: Event) -> APIError:
     return APIError(500, f"generation failed: {type(ev.error).__name__}: {ev.error}", type="server_error")
 
 
-def validation_message(errors: list) -> tuple[str, str | None, str | None]:
-    """One line for the first of pydantic's ``errors`` in a request body, the field it is
-    about, and a code."""
-    first = errors[0]
-    if first["type"] == "json_invalid":
-        return f"invalid JSON: {first.get('ctx', {}).get('error', first['msg'])}", None, None
-    param = ".".join(str(p) for p in first["loc"] if p != "body") or None
-    msg = "unknown field" if first["type"] == "extra_forbidden" else first["msg"].removeprefix("Value error, ")
-    return (f"{param}: {msg}" if param else msg), param, "invalid_value"
-
-
 def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
@@ -262,8 +252,15 @@ def _error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError):
-        msg, param, code = validation_message(e.errors())
-        return JSONResponse(error_body(msg, param=param, code=code), status_code=400)
+        first = e.errors()[0]
+        if first["type"] == "json_invalid":
+            return JSONResponse(error_body(f"invalid JSON: {first.get('ctx', {}).get('error', first['msg'])}"),
+                                status_code=400)
+        loc = [str(p) for p in first["loc"] if p != "body"]
+        param = ".".join(loc) or None
+        msg = first["msg"].removeprefix("Value error, ")
+        return JSONResponse(error_body(f"{param}: {msg}" if param else msg, param=param,
+                                       code="invalid_value"), status_code=400)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException):

@@ -26,7 +26,7 @@ from starlette.concurrency import run_in_threadpool
 from specli import __version__
 from specli.resolve import integrity
 from specli.resolve.hfcache import blob_sha256
-from specli.serve.app import APIError, Prompter, _event_error, _events, _tokens, validation_message
+from specli.serve.app import APIError, Prompter, _event_error, _events, _tokens
 from specli.serve.worker import Event, Job, QueueFull, Worker
 from specli.session import Session
 from specli.speculate.verify import SamplingParams
@@ -104,12 +104,26 @@ class Options(BaseModel):
 class _Request(_Body):
     model: str = Field(min_length=1)
     stream: bool = True
-    format: Union[Literal["", "json"], dict, None] = None
+    format: Any = None  # "json" or a JSON schema
     options: Optional[Options] = None
-    keep_alive: Union[float, int, str, None] = None  # the model stays loaded until the server stops
+    keep_alive: Any = None  # a duration; the model stays loaded until the server stops whatever it says
     think: Union[bool, str, None] = None
     logprobs: Optional[bool] = None
     top_logprobs: Optional[int] = None
+
+    @field_validator("format")
+    @classmethod
+    def _format(cls, v):
+        if v not in (None, "", "json") and not isinstance(v, dict):
+            raise ValueError('must be "json" or a JSON schema (an object)')
+        return v
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _duration(cls, v):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float, str))):
+            raise ValueError('must be a duration: seconds, or a string such as "5m"')
+        return v
 
     @field_validator("think")
     @classmethod
@@ -384,13 +398,23 @@ async def _ndjson(events: AsyncIterator[Event], reply: Reply, n_prompt: int) -> 
                 yield _line({"error": str(_event_error(ev))})
 
 
+def _message(errors: list) -> str:
+    """One line for the first problem pydantic found in a body, naming the field."""
+    first = errors[0]
+    if first["type"] == "json_invalid":
+        return f"invalid JSON: {first['ctx']['error']}"
+    field = ".".join(str(p) for p in first["loc"])
+    msg = "unknown field" if first["type"] == "extra_forbidden" else first["msg"].removeprefix("Value error, ")
+    return f"{field}: {msg}" if field else msg
+
+
 async def _parse(request: Request, cls: type[BaseModel]):
     """The request's body as ``cls``, whatever its content type says (Ollama reads JSON from
     ``curl -d``, which sends a form content type)."""
     try:
         return cls.model_validate_json(await request.body())
     except ValidationError as e:
-        raise APIError(400, validation_message(e.errors())[0]) from None
+        raise APIError(400, _message(e.errors())) from None
 
 
 class _Route(APIRoute):
