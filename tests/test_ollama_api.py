@@ -264,6 +264,42 @@ def test_api_key_required_when_set(session, served):
         assert chat(good, name, options={**GREEDY, "num_predict": 3}).eval_count == 3
 
 
+def test_full_queue_and_shutdown_are_ollama_errors(session):
+    app = create_app(session, queue=0)
+    worker = app.state.worker
+    # the generation holds at its first chunk until something cancels it
+    worker.after_chunk = lambda job, n: job.cancel_requested.wait(60)
+    with background(app) as url:
+        c = ollama.Client(host=url, timeout=120)
+        name = c.list().models[0].model
+        held = chat(c, name, stream=True, options={**GREEDY, "num_predict": 50})
+        first = next(held)  # admitted and generating
+        assert not first.done
+        with pytest.raises(ollama.ResponseError) as e:
+            chat(c, name, options={"num_predict": 2})
+        assert e.value.status_code == 503 and "busy" in e.value.error
+    # leaving the block shut the server down: the held stream ends with Ollama's error line
+    with pytest.raises(ollama.ResponseError, match="shutting down"):
+        list(held)
+
+
+def test_specli_serve_answers_ollama_clients(tiny_target):
+    p = subprocess.Popen([sys.executable, "-m", "specli", "serve", "--target", tiny_target, "--draft", "none",
+                          "--port", "0", "--ctx", str(CTX)], stderr=subprocess.PIPE, text=True)
+    try:
+        for line in p.stderr:  # the server says where it listens once it does
+            m = re.search(r"on (http://127\.0\.0\.1:\d+)/v1 \(OpenAI\) and /api \(Ollama\)", line)
+            if m:
+                break
+        assert m
+        c = ollama.Client(host=m.group(1), timeout=120)
+        (model,) = c.list().models
+        assert chat(c, model.model, options={**GREEDY, "num_predict": 4}).eval_count == 4
+    finally:
+        p.terminate()
+        p.wait(60)
+
+
 def near_tie_or_same(prompt_tokens: list[int], ref_tokens: list[int], text: str) -> str | None:
     """None when ``text`` is the reference's; else the verdict where they part (the target's
     own top-2 margin there, specli.measure.lossless), which must be a near-tie."""
