@@ -44,7 +44,6 @@ NEUTRAL = {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 
 # penalize_newline); num_keep only matters to Ollama's context shifting, which specli never does
 LOAD_TIME = ("numa", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv", "logits_all", "vocab_only",
              "use_mmap", "use_mlock", "embedding_only", "num_thread", "num_keep", "repeat_last_n", "penalize_newline")
-NOT_SERVED = ("pull", "push", "create", "copy", "delete", "embed", "embeddings", "blobs")
 
 
 # -- request bodies ----------------------------------------------------------------------
@@ -101,6 +100,19 @@ class Options(BaseModel):
                               seed=self.seed if self.seed is not None and self.seed >= 0 else None)
 
 
+def _refused(why: str) -> AfterValidator:
+    """For a field accepted only when empty: anything else is a 400 saying ``why``."""
+    def check(v):
+        if v:
+            raise ValueError(why)
+        return v
+    return AfterValidator(check)
+
+
+NO_LOGPROBS = "log-probabilities are not supported on Ollama's API yet"
+NO_THINKING = "thinking is not supported: specli does not separate a model's thinking from its answer"
+
+
 class _Request(_Body):
     model: str = Field(min_length=1)
     stream: bool = True
@@ -108,8 +120,8 @@ class _Request(_Body):
     options: Optional[Options] = None
     keep_alive: Any = None  # a duration; the model stays loaded until the server stops whatever it says
     think: Union[bool, str, None] = None
-    logprobs: Optional[bool] = None
-    top_logprobs: Optional[int] = None
+    logprobs: Annotated[Optional[bool], _refused(NO_LOGPROBS)] = None
+    top_logprobs: Annotated[Optional[int], _refused(NO_LOGPROBS)] = None
 
     @field_validator("format")
     @classmethod
@@ -129,22 +141,7 @@ class _Request(_Body):
     @classmethod
     def _no_thinking(cls, v):
         if v not in (None, False):
-            raise ValueError("thinking is not supported: specli does not separate a model's thinking from its "
-                             "answer (leave think out, or send false)")
-        return v
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v):
-        if v:
-            raise ValueError("log-probabilities are not supported on Ollama's API yet")
-        return v
-
-    @field_validator("top_logprobs")
-    @classmethod
-    def _no_top_logprobs(cls, v):
-        if v:
-            raise ValueError("log-probabilities are not supported on Ollama's API yet")
+            raise ValueError(f"{NO_THINKING} (leave think out, or send false)")
         return v
 
     @property
@@ -152,13 +149,7 @@ class _Request(_Body):
         return self.options or Options()
 
 
-def _no_images(v):
-    if v:
-        raise ValueError("images are not supported: the served model takes text only")
-    return v
-
-
-Images = Annotated[Optional[list[str]], AfterValidator(_no_images)]
+Images = Annotated[Optional[list[str]], _refused("images are not supported: the served model takes text only")]
 
 
 class ToolFunction(BaseModel):
@@ -177,16 +168,9 @@ class Message(_Body):
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
     images: Images = None
-    thinking: Optional[str] = None
+    thinking: Annotated[Optional[str], _refused(NO_THINKING)] = None
     tool_calls: Optional[list[ToolCall]] = None
     tool_name: Optional[str] = None
-
-    @field_validator("thinking")
-    @classmethod
-    def _no_thinking(cls, v):
-        if v:
-            raise ValueError("thinking is not supported: specli does not separate a model's thinking from its answer")
-        return v
 
     def as_dict(self) -> dict:
         """The message as a chat template expects it."""
@@ -216,31 +200,12 @@ class GenerateBody(_Request):
     system: Optional[str] = None
     raw: bool = False
     images: Images = None
-    suffix: Optional[str] = None
-    template: Optional[str] = None
-    context: Optional[list[int]] = None
-
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, v):
-        if v:
-            raise ValueError("suffix (fill-in-the-middle) is not supported")
-        return v
-
-    @field_validator("template")
-    @classmethod
-    def _no_template(cls, v):
-        if v:
-            raise ValueError("a template override is not supported: specli renders the GGUF's own chat template "
-                             "(or send raw: true with the prompt already formatted)")
-        return v
-
-    @field_validator("context")
-    @classmethod
-    def _no_context(cls, v):
-        if v:
-            raise ValueError("context (deprecated by Ollama) is not supported: send the conversation to /api/chat")
-        return v
+    suffix: Annotated[Optional[str], _refused("suffix (fill-in-the-middle) is not supported")] = None
+    template: Annotated[Optional[str], _refused(
+        "a template override is not supported: specli renders the GGUF's own chat template (or send raw: true "
+        "with the prompt already formatted)")] = None
+    context: Annotated[Optional[list[int]], _refused(
+        "context (deprecated by Ollama) is not supported: send the conversation to /api/chat")] = None
 
     @model_validator(mode="after")
     def _raw_system(self):
@@ -510,6 +475,9 @@ def make_router(session: Session, worker: Worker, prompter: Prompter, ids: list[
 
     async def answer(request: Request, body: _Request, toks: list[int], reply: Reply):
         o = body.opts
+        if body.think is False and "enable_thinking" in (prompter.template or ""):
+            raise APIError(400, "think: false cannot be honoured: this model's chat template thinks unless told "
+                                "otherwise, and specli does not switch it off (leave think out)")
         n_ctx = prompter.n_ctx
         if o.num_ctx is not None:
             if o.num_ctx > n_ctx:
