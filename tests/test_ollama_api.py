@@ -39,7 +39,7 @@ def served(session):
 
 @pytest.fixture(scope="module")
 def client(served):
-    return ollama.Client(host=served[0], timeout=120)
+    return ollama.Client(host=served[0], timeout=300)
 
 
 @pytest.fixture(scope="module")
