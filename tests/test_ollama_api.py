@@ -7,16 +7,19 @@ import json
 import re
 import subprocess
 import sys
+from typing import Literal
 
 import httpx
 import ollama
 import pytest
 from clihelp import specli
+from pydantic import BaseModel, Field
 
 from specli.serve.app import create_app
-from specli.serve.ollama import parameter_size
+from specli.serve.ollama import CallStream, parameter_size
 from specli.serve.runner import background
 from specli.session import Options, Session
+from specli.toolcalls import FORMATS
 
 CTX = 1024
 PROMPT = "Write a short story about a lighthouse keeper."
@@ -300,6 +303,74 @@ def test_specli_serve_answers_ollama_clients(tiny_target):
         p.wait(60)
 
 
+class Forecast(BaseModel):
+    city: Literal["Paris", "London", "Tokyo"]
+    days: int = Field(ge=1, le=7)
+    rain: bool
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city for some days",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "enum": ["Paris", "London", "Tokyo"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"]}}}
+ASK = "What is the weather in Paris for the next three days?"
+
+
+def test_format_schema_gives_a_valid_object_identical_to_specli_run(client, name, tiny_target, tiny_draft, tmp_path):
+    schema = Forecast.model_json_schema()
+    r = chat(client, name, ASK, format=schema, options={**GREEDY, "num_predict": 200})
+    got = Forecast.model_validate_json(r.message.content)  # raises unless it follows the schema
+    assert r.done_reason == "stop" and got.city in ("Paris", "London", "Tokyo")
+    text, _ = streamed(chat(client, name, ASK, format=schema, stream=True, options={**GREEDY, "num_predict": 200}))
+    assert text == r.message.content
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    ref = run_json(tiny_target, tiny_draft, "-n", "200", "--json-schema", str(path), "--prompt", ASK)
+    assert ref["text"] == r.message.content
+    g = client.generate(model=name, prompt=ASK, format=schema, options={**GREEDY, "num_predict": 200})
+    Forecast.model_validate_json(g.response)
+
+
+def test_format_json_gives_an_object_at_any_temperature(client, name):
+    for seed in (1, 2):
+        r = chat(client, name, ASK, format="json", options={"temperature": 0.8, "seed": seed, "num_predict": 300})
+        if r.done_reason == "stop":  # a random tiny model may write a long object
+            assert isinstance(json.loads(r.message.content), dict)
+        else:
+            assert r.message.content.startswith("{")
+
+
+def test_tools_go_through_the_template_and_history_back(client, name, served):
+    """The tiny models' template knows no tools: specli describes them (the fallback format).
+    A model that does not call answers with content and no tool_calls; a conversation with a
+    call and its result goes back through the template."""
+    r = chat(client, name, ASK, tools=[WEATHER], options={**GREEDY, "num_predict": 16})
+    assert r.message.content and not r.message.tool_calls
+    history = [{"role": "user", "content": ASK},
+               {"role": "assistant", "content": "", "tool_calls": [
+                   {"function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}}]},
+               {"role": "tool", "content": "sunny", "tool_name": "get_weather"}]
+    r = client.chat(model=name, messages=history, tools=[WEATHER], options={**GREEDY, "num_predict": 8})
+    assert r.eval_count == 8
+    body = {"model": name, "messages": [{"role": "user", "content": "hi"}], "stream": False}
+    assert "same name" in error(httpx.post(served[0] + "/api/chat", json={**body, "tools": [WEATHER, WEATHER]}), 400)
+    assert "give one" in error(httpx.post(served[0] + "/api/chat", json={**body, "tools": [WEATHER],
+                                                                          "format": "json"}), 400)
+    assert "format" in error(httpx.post(served[0] + "/api/chat", json={**body, "format": {"type": "nonsense"}}), 400)
+
+
+def test_streamed_tool_calls_come_whole_with_arguments_as_objects():
+    stream = CallStream(FORMATS["fallback"])
+    pieces = ["Let me check. <tool_", 'call>\n{"name": "get_weather", "arguments": {"city": "Par', 'is", "days": 3}}',
+              "\n</tool_call>"]
+    out = [stream.feed(p) for p in pieces] + [stream.flush()]
+    assert "".join(t for t, _ in out).strip() == "Let me check."
+    assert [c for _, calls in out for c in calls] == [
+        {"function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}}]
+
+
 def near_tie_or_same(prompt_tokens: list[int], ref_tokens: list[int], text: str) -> str | None:
     """None when ``text`` is the reference's; else the verdict where they part (the target's
     own top-2 margin there, specli.measure.lossless), which must be a near-tie."""
@@ -338,11 +409,20 @@ def test_real_pair_through_the_ollama_client_is_specli_run():
         r = chat(c, name, prompt, options={**GREEDY, "num_predict": 48})
         text, parts = streamed(chat(c, name, prompt, stream=True, options={**GREEDY, "num_predict": 48}))
         gen = c.generate(model=name, prompt=prompt, options={**GREEDY, "num_predict": 48})
+        answer = chat(c, name, ASK, tools=[WEATHER], options={**GREEDY, "num_predict": 80}).message
+        structured = chat(c, name, ASK + " Answer in JSON.", format=Forecast.model_json_schema(),
+                          options={**GREEDY, "num_predict": 80}).message.content
     finally:
         p.terminate()
         p.wait(60)
     assert r.eval_count == ref["stats"]["generated"] and r.prompt_eval_count == len(ref["prompt_tokens"])
     assert parts[-1].eval_count == ref["stats"]["generated"]
+    Forecast.model_validate_json(structured)
+    # Ollama has no tool_choice: the model decides (this one may answer in a Markdown block);
+    # a call it makes comes back with its arguments as an object that follows the schema
+    assert answer.tool_calls or answer.content
+    for call in answer.tool_calls or []:
+        assert call.function.name == "get_weather" and call.function.arguments["city"] in ("Paris", "London", "Tokyo")
     for got in (r.message.content, text, gen.response):
         if got != ref["text"]:
             print(near_tie_or_same(ref["prompt_tokens"], ref["tokens"], got))

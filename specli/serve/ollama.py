@@ -23,7 +23,9 @@ from fastapi.routing import APIRoute
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from starlette.concurrency import run_in_threadpool
 
-from specli import __version__
+from specli import __version__, toolcalls
+from specli.constrain import Constraint
+from specli.errors import SpecliError
 from specli.resolve import integrity
 from specli.resolve.hfcache import blob_sha256
 from specli.serve.app import APIError, Prompter, _event_error, _events, _tokens
@@ -184,10 +186,15 @@ class Message(_Body):
         return d
 
 
-class Tool(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Function(_Body):
+    name: str = Field(min_length=1)
+    description: str = ""
+    parameters: Optional[dict[str, Any]] = None
+
+
+class Tool(_Body):
     type: Literal["function"] = "function"
-    function: dict[str, Any]
+    function: Function
 
 
 class ChatBody(_Request):
@@ -261,6 +268,14 @@ def _plain(v: Any, verbose: bool) -> Any:
     return v.item() if isinstance(v, np.generic) else v
 
 
+def _tools_supported(template: str) -> bool:
+    try:
+        toolcalls.detect(template)
+    except SpecliError:
+        return False
+    return True
+
+
 class ModelCard:
     """The served model as Ollama's listing endpoints describe it, from the GGUF header."""
 
@@ -303,7 +318,7 @@ class ModelCard:
         s = self.session
         info = {k: _plain(v, verbose) for k, v in self.header.metadata.items() if k != "tokenizer.chat_template"}
         template = s.target.chat_template() or ""
-        caps = ["completion"] + (["tools"] if "tools" in template else [])
+        caps = ["completion"] + (["tools"] if template and _tools_supported(template) else [])
         params = "\n".join(f"{k:<30} {v}" for k, v in [*DEFAULTS.items(), ("num_ctx", s.ctx.n_ctx)])
         draft = f"# draft: {os.path.basename(s.draft_path)}\n" if s.draft_path else ""
         return {"modelfile": f"# served by specli (drafter: {s.drafter.name})\n{draft}FROM {self.path}\n",
@@ -352,15 +367,96 @@ def _line(obj: dict) -> str:
     return json.dumps(obj, ensure_ascii=False) + "\n"
 
 
-async def _ndjson(events: AsyncIterator[Event], reply: Reply, n_prompt: int) -> AsyncIterator[str]:
+def _call(c: toolcalls.ToolCall) -> dict:
+    """A tool call as Ollama returns it: the arguments as an object."""
+    return {"function": {"name": c.name, "arguments": c.arguments}}
+
+
+class CallStream:
+    """A streamed answer as Ollama streams one: the content as it comes (text that may open a
+    tool call held back until the next text decides), each call whole once it is complete."""
+
+    def __init__(self, fmt: toolcalls.Format):
+        self.fmt, self.buf, self.opened = fmt, "", False
+
+    def feed(self, text: str) -> tuple[str, list[dict]]:
+        """The content to send now, and the calls ``text`` completed."""
+        self.buf += text
+        out = ""
+        if not self.opened:
+            i = self.fmt.opening(self.buf)
+            if i is None:
+                keep = len(self.buf) - self.fmt.could_open(self.buf)
+                out, self.buf = self.buf[:keep], self.buf[keep:]
+                return out, []
+            out, self.buf, self.opened = self.buf[:i], self.buf[i:], True
+        end = self.fmt.complete(self.buf)
+        if not end:
+            return out, []
+        content, calls = toolcalls.parse(self.buf[:end], self.fmt)
+        self.buf = self.buf[end:]
+        return out + content, [_call(c) for c in calls]
+
+    def flush(self) -> tuple[str, list[dict]]:
+        """The rest at the end (a call cut short stays text)."""
+        content, calls = toolcalls.parse(self.buf, self.fmt)
+        self.buf = ""
+        return content, [_call(c) for c in calls]
+
+
+async def _ndjson(events: AsyncIterator[Event], reply: Reply, n_prompt: int,
+                  fmt: toolcalls.Format | None) -> AsyncIterator[str]:
+    calls = CallStream(fmt) if fmt is not None else None
     async with aclosing(events):
         async for ev in events:
             if ev.kind == "text":
-                yield _line(reply.part(ev.text))
+                text, made = calls.feed(ev.text) if calls else (ev.text, [])
+                if text or made:
+                    yield _line(reply.part(text, made))
             elif ev.kind == "done":
+                text, made = calls.flush() if calls else ("", [])
+                if text or made:
+                    yield _line(reply.part(text, made))
                 yield _line(reply.done(ev, n_prompt))
             else:
                 yield _line({"error": str(_event_error(ev))})
+
+
+def _format(fmt: Any) -> Constraint | None:
+    """``format``: "json" (any JSON object) or a JSON schema, as a constraint."""
+    if not fmt:
+        return None
+    try:
+        c = Constraint.json_object() if fmt == "json" else Constraint.json_schema(fmt)
+        c.check()
+    except SpecliError as e:
+        raise APIError(400, f"format: {e}") from None
+    return c
+
+
+def _tools(body: ChatBody, prompter: Prompter) -> tuple[toolcalls.Format | None, list[toolcalls.Tool] | None,
+                                                         Constraint | None]:
+    """The tool-call format when the conversation involves tools, the tools offered, and the
+    constraint for their calls (Ollama lets the model choose: a call is constrained to its
+    function's parameters once the model opens one)."""
+    names = [t.function.name for t in body.tools or []]
+    if len(set(names)) != len(names):
+        raise APIError(400, "tools: two tools have the same name")
+    if not names and not any(m.tool_calls or m.role == "tool" for m in body.messages):
+        return None, None, None
+    try:
+        fmt = toolcalls.detect(prompter.template)
+    except SpecliError as e:
+        raise APIError(400, f"{'tools' if names else 'messages'}: {e}") from None
+    if not names:
+        return fmt, None, None
+    tools = [toolcalls.Tool.from_openai(t.model_dump(exclude_none=True)) for t in body.tools]
+    c = toolcalls.constraint_for(tools, "auto", fmt, prompter.special())
+    try:
+        c.check()
+    except SpecliError as e:
+        raise APIError(400, f"tools: {e}") from None
+    return fmt, tools, c
 
 
 def _message(errors: list) -> str:
@@ -444,11 +540,12 @@ def make_router(session: Session, worker: Worker, prompter: Prompter, ids: list[
         check_model(body.model)
         if not body.messages:
             return _single(reply.loaded(), body.stream)
-        if body.tools:  # TODO(issue 28): specli.toolcalls once it lands
-            raise APIError(400, "tools: tool calls are not available in this build yet")
+        fmt, tools, constraint = await run_in_threadpool(_tools, body, prompter)
+        if constraint is not None and body.format:
+            raise APIError(400, "format: tools and format each constrain the answer; give one of them")
         msgs = [m.as_dict() for m in body.messages]
-        toks = await run_in_threadpool(_tokens, prompter.chat, msgs, "messages")
-        return await answer(request, body, toks, reply)
+        toks = await run_in_threadpool(_tokens, prompter.chat, (msgs, tools, fmt), "messages")
+        return await answer(request, body, toks, reply, constraint, fmt if tools else None)
 
     @router.post("/api/generate", dependencies=auth)
     async def generate(request: Request):
@@ -461,11 +558,11 @@ def make_router(session: Session, worker: Worker, prompter: Prompter, ids: list[
             if body.system:
                 raise APIError(400, f"system: {session.target.name} has no chat template to put it in; "
                                     "put it in the prompt")
-            toks = await run_in_threadpool(_tokens, prompter.raw, body.prompt, "prompt")
+            toks = await run_in_threadpool(_tokens, prompter.raw, (body.prompt,), "prompt")
         else:
             msgs = [{"role": "system", "content": body.system}] if body.system else []
             msgs.append({"role": "user", "content": body.prompt})
-            toks = await run_in_threadpool(_tokens, prompter.chat, msgs, "prompt")
+            toks = await run_in_threadpool(_tokens, prompter.chat, (msgs,), "prompt")
         return await answer(request, body, toks, reply)
 
     @router.api_route("/api/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "HEAD"], include_in_schema=False)
@@ -473,7 +570,10 @@ def make_router(session: Session, worker: Worker, prompter: Prompter, ids: list[
         raise APIError(404, f"{request.method} /api/{rest} is not served: specli serves one model, loaded when it "
                             "started (it serves /api/chat, /api/generate, /api/tags, /api/show, /api/ps, /api/version)")
 
-    async def answer(request: Request, body: _Request, toks: list[int], reply: Reply):
+    async def answer(request: Request, body: _Request, toks: list[int], reply: Reply,
+                     constraint: Constraint | None = None, fmt: toolcalls.Format | None = None):
+        """Queue the generation and answer, whole or streamed; with ``fmt`` (tools offered) the
+        text is parsed for the model's tool calls."""
         o = body.opts
         if body.think is False and "enable_thinking" in (prompter.template or ""):
             raise APIError(400, "think: false cannot be honoured: this model's chat template thinks unless told "
@@ -487,18 +587,17 @@ def make_router(session: Session, worker: Worker, prompter: Prompter, ids: list[
             if len(toks) >= n_ctx:
                 raise APIError(400, f"options.num_ctx: the prompt is {len(toks)} tokens, longer than the context "
                                     f"asked for ({n_ctx} tokens)")
-        if body.format:  # TODO(issue 28): Constraint once specli.constrain lands
-            raise APIError(400, "format: structured output is not available in this build yet")
+        constraint = constraint or _format(body.format)
         room = n_ctx - len(toks)
         limit = min(o.num_predict, room) if o.num_predict and o.num_predict > 0 else room
-        job = Job(toks, o.sampling(temperature), limit, list(o.stop or []))
+        job = Job(toks, o.sampling(temperature), limit, list(o.stop or []), constraint=constraint)
         try:
             worker.submit(job)
         except QueueFull as e:
             raise APIError(503, f"the server is busy ({e}); retry later", headers={"Retry-After": "1"}) from None
         events = _events(job, request)
         if body.stream:
-            return StreamingResponse(_ndjson(events, reply, len(toks)), media_type="application/x-ndjson",
+            return StreamingResponse(_ndjson(events, reply, len(toks), fmt), media_type="application/x-ndjson",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         pieces: list[str] = []
         async with aclosing(events):
@@ -506,7 +605,8 @@ def make_router(session: Session, worker: Worker, prompter: Prompter, ids: list[
                 if ev.kind == "text":
                     pieces.append(ev.text)
                 elif ev.kind == "done":
-                    return reply.done(ev, len(toks), "".join(pieces))
+                    text, calls = toolcalls.parse("".join(pieces), fmt) if fmt else ("".join(pieces), [])
+                    return reply.done(ev, len(toks), text, [_call(c) for c in calls])
                 else:
                     raise _event_error(ev)
         raise APIError(499, "client closed the request")  # nobody reads this
