@@ -334,12 +334,10 @@ def test_format_schema_gives_a_valid_object_identical_to_specli_run(client, name
 
 
 def test_format_json_gives_an_object_at_any_temperature(client, name):
-    for seed in (1, 2):
-        r = chat(client, name, ASK, format="json", options={"temperature": 0.8, "seed": seed, "num_predict": 300})
-        if r.done_reason == "stop":  # a random tiny model may write a long object
-            assert isinstance(json.loads(r.message.content), dict)
-        else:
-            assert r.message.content.startswith("{")
+    r = chat(client, name, ASK, format="json", options={"temperature": 0.8, "seed": 1, "num_predict": 60})
+    assert r.message.content.startswith("{")
+    if r.done_reason == "stop":  # a random tiny model may write a longer object than that
+        assert isinstance(json.loads(r.message.content), dict)
 
 
 def test_tools_go_through_the_template_and_history_back(client, name, served):
