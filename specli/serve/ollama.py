@@ -368,24 +368,15 @@ def _call(c: toolcalls.ToolCall) -> dict:
     return {"function": {"name": c.name, "arguments": c.arguments}}
 
 
-class CallStream:
+class CallStream(toolcalls.OpeningStream):
     """A streamed answer as Ollama streams one: the content as it comes (text that may open a
     tool call held back until the next text decides), each call whole once it is complete."""
 
-    def __init__(self, fmt: toolcalls.Format):
-        self.fmt, self.buf, self.opened = fmt, "", False
-
     def feed(self, text: str) -> tuple[str, list[dict]]:
         """The content to send now, and the calls ``text`` completed."""
-        self.buf += text
-        out = ""
+        out = self.content(text)
         if not self.opened:
-            i = self.fmt.opening(self.buf)
-            if i is None:
-                keep = len(self.buf) - self.fmt.could_open(self.buf)
-                out, self.buf = self.buf[:keep], self.buf[keep:]
-                return out, []
-            out, self.buf, self.opened = self.buf[:i], self.buf[i:], True
+            return out, []
         end = self.fmt.complete(self.buf)
         if not end:
             return out, []
