@@ -34,6 +34,7 @@ from pathlib import Path
 import yaml
 
 from specli.constrain import Constraint, ForcedDrafter
+from specli.engine import extra_buffer_types
 from specli.measure.lossless import divergence
 from specli.session import Options, Session
 from specli.speculate.drafters import NoDrafter
@@ -82,7 +83,7 @@ class LlamaServers:
         self.stack = []
         self.urls = {}
         base = [binary, "-m", sess.target.path, "-t", str(threads), "-tb", str(threads), "-c", "4096",
-                "-np", "1", "--no-warmup"]
+                "-np", "1", "--no-warmup"] + ([] if extra_buffer_types() else ["--no-repack"])
         cfgs = {"llama-server": []}
         if sess.draft_path:
             cfgs["llama-server+draft"] = ["-md", sess.draft_path, "-td", str(threads), "-tbd", str(threads)]

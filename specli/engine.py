@@ -76,7 +76,7 @@ def system_info() -> str:
     return L.llama_print_system_info().decode("utf-8", "replace").strip()
 
 
-def _extra_buffer_types() -> bool:
+def extra_buffer_types() -> bool:
     """Whether llama.cpp may repack weights into its extra CPU buffer types. Not on a CPU with
     AMX tiles: there llama.cpp repacks quantised weights for AMX, and on hosts whose kernel (or
     sandbox) does not grant the AMX tile state the first decode dies with SIGSEGV.
@@ -102,7 +102,7 @@ class Model:
         mp.n_gpu_layers = n_gpu_layers
         mp.vocab_only = vocab_only
         mp.load_mtp = load_mtp
-        mp.use_extra_bufts = _extra_buffer_types()
+        mp.use_extra_bufts = extra_buffer_types()
         self._model = L.llama_model_load_from_file(path.encode(), mp)
         if not self._model:
             raise SpecliError(f"llama.cpp could not load {path} (architecture '{self.header.architecture}' "

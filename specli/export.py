@@ -19,6 +19,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from specli.engine import extra_buffer_types
 from specli.errors import SpecliError
 from specli.hardware import calibrate
 from specli.resolve import hub
@@ -56,6 +57,7 @@ class Pair:
     hf_draft: str | None = None
     notes: list[str] = field(default_factory=list)  # comment lines for the output
     mtp: bool = False  # the target drafts for itself through its multi-token-prediction layers
+    no_repack: bool = False  # this CPU has AMX tiles: no weight repacking (specli.engine.extra_buffer_types)
 
     @property
     def drafts(self) -> bool:
@@ -139,7 +141,8 @@ def pair_for(opts, progress: Callable[[str], None] | None = None, hf_target: str
     return Pair(tpath, dpath, lookup, n_ctx, tngl, dngl, draft_n, lookup_n, s.draft_p_min, opts.threads,
                 _hub_of(tspec), _hub_of(dspec) if dpath else None,
                 hf_target or (prof.hf_target if prof else None),
-                hf_draft or (prof.hf_draft if auto_model and dpath else None), notes, mtp)
+                hf_draft or (prof.hf_draft if auto_model and dpath else None), notes, mtp,
+                no_repack=not extra_buffer_types())
 
 
 # -- llama.cpp's llama-server ----------------------------------------------------------------
@@ -185,8 +188,13 @@ def llama_server(p: Pair, port: int, use_hub: bool = False) -> Export:
                 "--spec-ngram-simple-size-m", str(max(p.lookup_n, LOOKUP_MATCH))]
     if p.threads:
         cmd += ["-t", str(p.threads)]
+    if p.no_repack:
+        cmd.append("--no-repack")
     cmd += ["--host", "127.0.0.1", "--port", str(port)]
     notes = list(p.notes)
+    if p.no_repack:
+        notes.append("--no-repack: this CPU has AMX tiles, and llama.cpp's AMX weight repacking crashes where the "
+                     "kernel does not grant them (specli loads without it here too; SPECLI_EXTRA_BUFTS=1)")
     if p.drafts:
         notes.append(f"--spec-draft-p-min {p.p_min:g}: the draft stops early when unsure, llama.cpp's nearest "
                      "thing to specli's per-step length choice")

@@ -79,6 +79,7 @@ HUB_D = hub.parse_hub_ref("Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF/qwen2.5-coder-0
     (pair(draft_path=None), False),
     (pair(target_gpu_layers=12, draft_gpu_layers=0, threads=4), False),
     (pair(target_hub=HUB_T, draft_hub=HUB_D), True),
+    (pair(no_repack=True), False),
 ])
 def test_every_llama_server_flag_is_declared_by_the_vendored_llama_cpp(vendored, p, use_hub):
     accepted, removed, spec_types = vendored
@@ -91,7 +92,9 @@ def test_every_llama_server_flag_is_declared_by_the_vendored_llama_cpp(vendored,
 
 def test_llama_server_commands():
     cmd = argv(ex.llama_server(pair(), 8123))
-    assert cmd[0] == "llama-server"
+    assert cmd[0] == "llama-server" and "--no-repack" not in cmd
+    # a CPU with AMX tiles: no weight repacking, as specli itself loads there (engine.extra_buffer_types)
+    assert "--no-repack" in argv(ex.llama_server(pair(no_repack=True), 8123))
     assert value(cmd, "-m") == "/m/target.gguf" and value(cmd, "-md") == "/m/draft.gguf"
     # hybrid: prompt lookup first, the draft model when the context has no match
     assert value(cmd, "--spec-type") == "ngram-simple,draft-simple"
@@ -315,8 +318,7 @@ def serve_exported(args: list[str], tmp_path) -> dict:
     assert cmd[0] == "llama-server"
     cmd[0] = str(binary)
     cmd[cmd.index("--port") + 1] = str(llama_server.free_port())
-    if not engine._extra_buffer_types():  # as specli itself: no AMX repacking (SIGSEGV where AMX is not granted)
-        cmd.append("--no-repack")
+    assert ("--no-repack" in cmd) == (not engine.extra_buffer_types())  # AMX hosts: as specli itself loads
     with llama_server.running(cmd, tmp_path / "server.log") as base:
         reply = llama_server.post_json(base + "/completion", {
             "prompt": COPY_PROMPT, "n_predict": 96, "temperature": 0, "cache_prompt": False})
