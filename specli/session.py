@@ -14,7 +14,14 @@ from specli.hardware.devices import Hardware, detect
 from specli.hardware.plan import Plan, available_ram, check_host_memory, make_plan, memory_from_header
 from specli.prompt import build_prompt
 from specli.resolve import hub, models, profiles, vocab
-from specli.resolve.gguf_header import MTP_ARCHITECTURES, read_gguf, vocab_from_header
+from specli.resolve.gguf_header import (
+    HEAD_MTP_ONLY,
+    HEAD_NAMES,
+    MTP_ARCHITECTURES,
+    head_fit,
+    read_gguf,
+    vocab_from_header,
+)
 from specli.resolve.local import draft_on_disk, profile_for
 from specli.resolve.profiles import ModelSpec, Profile
 from specli.speculate.adaptive import adaptive_drafter, lookup_drafter
@@ -42,6 +49,7 @@ class Options:
     spec: SpecSettings = field(default_factory=SpecSettings)
     f32_kv: bool = False
     drafter: str = ""  # what --draft resolved to: none, lookup, model or mtp (set by choose_models)
+    head: str | None = None  # an MTP-only head file the MTP drafter runs on (set by choose_models)
     given: set[str] = field(default_factory=set)  # options the user typed: a profile does not override them
     notes: list[str] = field(default_factory=list)  # one-line decisions for stderr
 
@@ -109,10 +117,28 @@ def choose_models(opts: Options, progress: Callable[[str], None] | None = None
     if dspec is not None:
         th, dh = models.header_of_spec(tspec), models.header_of_spec(dspec)
         vocab.ensure_compatible(vocab_from_header(th), vocab_from_header(dh))
+        if dh.head_kind:
+            opts.drafter = _head_drafter(dspec.ref, th, dh, notes)
     tpath = models.resolve_spec(tspec, progress, notes)
     dpath = models.resolve_spec(dspec, progress, notes) if dspec else None
+    if opts.drafter == "mtp" and dpath:  # an MTP-only head: the MTP drafter runs on it, no draft model
+        opts.head, dpath = dpath, None
     apply_profile_defaults(opts, prof)
     return tpath, dpath, prof
+
+
+def _head_drafter(ref: str, th, dh, notes: list[str]) -> str:
+    """The drafter a trained drafting head (``dh.head_kind``) runs as, once it is checked to fit
+    the target; a head that does not fit, or of a kind specli cannot drive, is one line."""
+    kind = dh.head_kind
+    if kind != HEAD_MTP_ONLY:
+        raise SpecliError(f"{ref} is {HEAD_NAMES[kind]}; specli does not draft with {kind} heads "
+                          "(see docs/models.md); use --draft mtp, a draft model or lookup")
+    bad = [f"{rule}: {detail}" for ok, rule, detail in head_fit(th, dh) if not ok]
+    if bad:
+        raise SpecliError(f"{ref} is {HEAD_NAMES[kind]} built for another target ({'; '.join(bad)})")
+    notes.append(f"{os.path.basename(ref)} is {HEAD_NAMES[kind]}: drafting with its MTP layers")
+    return "mtp"
 
 
 def _no_mtp(ref: str, th) -> str:
@@ -193,7 +219,10 @@ class Session:
         # the part of the target left on the CPU must fit in host memory: refuse before loading
         check_host_memory(memory_from_header(read_gguf(target_path), name=os.path.basename(target_path)),
                           self.target_gpu_layers, plan_ctx, *available_ram())
-        self.target = Model(target_path, n_gpu_layers=self.target_gpu_layers, load_mtp=opts.drafter == "mtp")
+        self.target = Model(target_path, n_gpu_layers=self.target_gpu_layers,
+                            load_mtp=opts.drafter == "mtp" and not opts.head)
+        # an MTP-only head (sidecar) for a trunk without MTP layers, placed as the target is
+        self.mtp_head = Model(opts.head, n_gpu_layers=self.target_gpu_layers, load_mtp=True) if opts.head else None
         n_ctx = min(opts.n_ctx, self.target.n_ctx_train) if opts.n_ctx > 0 else self.target.n_ctx_train
         # hybrid/recurrent targets keep draft_max recurrent-state snapshots where llama.cpp can
         self.cfg = ContextConfig(n_ctx=n_ctx, n_threads=opts.threads, f32_kv=opts.f32_kv,
@@ -217,7 +246,7 @@ class Session:
         o, s = self.opts, self.opts.spec
         if o.draft == "none" or s.draft_max == 0:
             return "none"
-        if self.target.n_mtp_layers:
+        if self.has_mtp:
             kind = "mtp-lookup" if s.hybrid else "mtp"
         else:
             kind = ("hybrid" if s.hybrid else "model") if self.draft_path else "lookup"
@@ -228,16 +257,21 @@ class Session:
     def modes(self) -> list[str]:
         """Every drafter mode this session can build (bench compares them)."""
         out = ["none", "lookup", "lookup-fixed"]
-        if self.target.n_mtp_layers:
+        if self.has_mtp:
             out += ["mtp", "mtp-lookup", "mtp-fixed"]
         return out + (["model", "hybrid", "model-fixed"] if self.draft_path else [])
+
+    @property
+    def has_mtp(self) -> bool:
+        """MTP layers to draft with: the target's own, or an MTP-only head's."""
+        return bool(self.target.n_mtp_layers or self.mtp_head)
 
     def mtp_drafter(self) -> MTPDrafter:
         """The target's own MTP layers as a drafter, made on first use and shared."""
         if self._mtp is None:
             # feeding the MTP layers is part of every target pass from now on; the cached verify
             # curve may have been measured without it: real steps correct it (CostModel)
-            self._mtp = MTPDrafter(self.ctx, self.cfg, p_min=self.opts.spec.draft_p_min)
+            self._mtp = MTPDrafter(self.ctx, self.cfg, p_min=self.opts.spec.draft_p_min, head=self.mtp_head)
         return self._mtp
 
     def model_drafter(self) -> ModelDrafter:
@@ -272,7 +306,7 @@ class Session:
         if fixed:
             return lookup or model
         if isinstance(model, MTPDrafter):
-            dcost = calibrate.cached_cost("mtp", self.ctx, model.token_cost)
+            dcost = calibrate.cached_cost("mtp-head" if self.mtp_head else "mtp", self.ctx, model.token_cost)
         else:
             dcost = calibrate.draft_token_cost(model.ctx) if model else 0.0
         return adaptive_drafter(s, self.verify_costs(), dcost, lookup, model)
@@ -322,5 +356,6 @@ class Session:
                 shared.close()
         self.ctx.close()
         self.target.close()
-        if self.draft_model:
-            self.draft_model.close()
+        for m in (self.draft_model, self.mtp_head):
+            if m:
+                m.close()

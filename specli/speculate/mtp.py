@@ -9,6 +9,11 @@ those rows are valid (:class:`~specli.engine.DecodeListener`). To draft, the MTP
 (last token, its predecessor's hidden row), then on its own prediction and its own hidden
 row, and so on; the rows drafted are dropped again before the target verifies.
 
+The MTP layers may also come from a separate MTP-only GGUF (a *sidecar*: the MTP block of a
+target whose main file was converted without it), as llama.cpp's ``--spec-draft-model SIDECAR
+--spec-type draft-mtp`` does: the MTP context is then made over the sidecar's model, still
+reading the target context's state (``ctx_other``), and fed the target's hidden rows the same way.
+
 llama.cpp aborts the process on misuse (an MTP context on a model loaded without its MTP
 layers, say), so every precondition is checked here first.
 """
@@ -21,7 +26,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from specli.engine import Context, ContextConfig, DecodeListener, L
+from specli.engine import Context, ContextConfig, DecodeListener, L, Model
 from specli.errors import SpecliError
 from specli.speculate.drafters import MTP, Draft, Drafter, greedy_drafts
 from specli.speculate.settings import DEFAULTS
@@ -38,6 +43,18 @@ def mtp_available() -> bool:
         "llama_set_embeddings_nextn", "llama_get_embeddings_nextn", "llama_get_embeddings_nextn_ith"))
 
 
+def check_sidecar(target: Model, head: Model) -> None:
+    """An MTP-only sidecar drafts for ``target`` only if it reads the target's hidden rows and
+    speaks its vocabulary (llama.cpp asserts the first: "MTP input row width must match the
+    target h_nextn width")."""
+    if head.n_embd != target.n_embd:
+        raise SpecliError(f"{head.name}: an MTP head for hidden size {head.n_embd}, the target's is {target.n_embd} "
+                          "(a sidecar for another model)")
+    if head.n_vocab != target.n_vocab:
+        raise SpecliError(f"{head.name}: an MTP head with {head.n_vocab} tokens, the target has {target.n_vocab} "
+                          "(a sidecar for another model)")
+
+
 class MTPDrafter(Drafter, DecodeListener):
     """Greedy drafts from the target's MTP head, stopping (like a draft model) when its top
     probability falls below ``p_min`` or when ``keep_going`` says the next token does not pay."""
@@ -45,12 +62,15 @@ class MTPDrafter(Drafter, DecodeListener):
     name = "mtp"
     source = MTP
 
-    def __init__(self, target: Context, cfg: ContextConfig, p_min: float = DEFAULTS.draft_p_min):
-        model = target.model
+    def __init__(self, target: Context, cfg: ContextConfig, p_min: float = DEFAULTS.draft_p_min,
+                 head: Model | None = None):
+        model = head or target.model
         if not mtp_available():
             raise SpecliError("this llama-cpp-python has no MTP support (llama_cpp_ext nextn functions)")
         if model.n_mtp_layers <= 0:
             raise SpecliError(f"{model.name} has no MTP layers loaded (converted without its MTP block?)")
+        if head is not None:
+            check_sidecar(target.model, head)
         self.target = target
         self.p_min = p_min
         self.n_embd = model.n_embd
