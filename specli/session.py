@@ -15,6 +15,7 @@ from specli.hardware.plan import Plan, available_ram, check_host_memory, make_pl
 from specli.prompt import build_prompt
 from specli.resolve import hub, models, profiles, vocab
 from specli.resolve.gguf_header import (
+    HEAD_EAGLE3,
     HEAD_MTP_ONLY,
     HEAD_NAMES,
     MTP_ARCHITECTURES,
@@ -31,6 +32,7 @@ from specli.speculate.drafters import (
     NoDrafter,
 )
 from specli.speculate.loop import Response, Stats, check_prompt_fits, generate
+from specli.speculate.heads import Eagle3Drafter
 from specli.speculate.mtp import MTPDrafter
 from specli.speculate.settings import SpecSettings
 from specli.speculate.verify import SamplingParams
@@ -48,8 +50,8 @@ class Options:
     vram: str | None = None  # overrides the detected GPU budget (--vram / SPECLI_VRAM)
     spec: SpecSettings = field(default_factory=SpecSettings)
     f32_kv: bool = False
-    drafter: str = ""  # what --draft resolved to: none, lookup, model or mtp (set by choose_models)
-    head: str | None = None  # an MTP-only head file the MTP drafter runs on (set by choose_models)
+    drafter: str = ""  # what --draft resolved to: none, lookup, model, mtp or eagle3 (set by choose_models)
+    head: str | None = None  # a drafting head's file: MTP-only (the MTP drafter runs on it) or EAGLE-3
     given: set[str] = field(default_factory=set)  # options the user typed: a profile does not override them
     notes: list[str] = field(default_factory=list)  # one-line decisions for stderr
 
@@ -62,7 +64,7 @@ def plan_for(opts: Options, target_path: str, draft_path: str | None) -> tuple[P
     n_ctx = min(opts.n_ctx, n_ctx_train) if opts.n_ctx > 0 else n_ctx_train
     hw = detect(opts.vram)
     wants = "none" if opts.draft == "none" else ("model" if draft_path else
-                                                 "mtp" if opts.drafter == "mtp" else "lookup")
+                                                 "mtp" if opts.drafter in ("mtp", "eagle3") else "lookup")
     pays = bool(draft_path) and calibrate.draft_on_cpu_pays(
         target_path, draft_path, opts.threads or os.cpu_count() or 1, min(512, n_ctx), opts.spec.draft_max)
     plan = make_plan(memory_from_header(th, name="target"), memory_from_header(dh, name="draft") if dh else None,
@@ -121,7 +123,7 @@ def choose_models(opts: Options, progress: Callable[[str], None] | None = None
             opts.drafter = _head_drafter(dspec.ref, th, dh, notes)
     tpath = models.resolve_spec(tspec, progress, notes)
     dpath = models.resolve_spec(dspec, progress, notes) if dspec else None
-    if opts.drafter == "mtp" and dpath:  # an MTP-only head: the MTP drafter runs on it, no draft model
+    if opts.drafter in ("mtp", "eagle3") and dpath:  # a drafting head, not a draft model
         opts.head, dpath = dpath, None
     apply_profile_defaults(opts, prof)
     return tpath, dpath, prof
@@ -131,12 +133,16 @@ def _head_drafter(ref: str, th, dh, notes: list[str]) -> str:
     """The drafter a trained drafting head (``dh.head_kind``) runs as, once it is checked to fit
     the target; a head that does not fit, or of a kind specli cannot drive, is one line."""
     kind = dh.head_kind
-    if kind != HEAD_MTP_ONLY:
+    if kind not in (HEAD_MTP_ONLY, HEAD_EAGLE3):
         raise SpecliError(f"{ref} is {HEAD_NAMES[kind]}; specli does not draft with {kind} heads "
                           "(see docs/models.md); use --draft mtp, a draft model or lookup")
     bad = [f"{rule}: {detail}" for ok, rule, detail in head_fit(th, dh) if not ok]
     if bad:
         raise SpecliError(f"{ref} is {HEAD_NAMES[kind]} built for another target ({'; '.join(bad)})")
+    if kind == HEAD_EAGLE3:
+        notes.append(f"{os.path.basename(ref)} is {HEAD_NAMES[kind]}: drafting with it, fed the target's "
+                     f"layers {dh.target_layers}")
+        return "eagle3"
     notes.append(f"{os.path.basename(ref)} is {HEAD_NAMES[kind]}: drafting with its MTP layers")
     return "mtp"
 
@@ -221,8 +227,11 @@ class Session:
                           self.target_gpu_layers, plan_ctx, *available_ram())
         self.target = Model(target_path, n_gpu_layers=self.target_gpu_layers,
                             load_mtp=opts.drafter == "mtp" and not opts.head)
-        # an MTP-only head (sidecar) for a trunk without MTP layers, placed as the target is
-        self.mtp_head = Model(opts.head, n_gpu_layers=self.target_gpu_layers, load_mtp=True) if opts.head else None
+        # a drafting head (an MTP-only sidecar or an EAGLE-3 head), placed as the target is
+        head = Model(opts.head, n_gpu_layers=self.target_gpu_layers, load_mtp=True) if opts.head else None
+        self.mtp_head = head if opts.drafter == "mtp" else None
+        self.eagle3_head = head if opts.drafter == "eagle3" else None
+        self._eagle3: Eagle3Drafter | None = None
         n_ctx = min(opts.n_ctx, self.target.n_ctx_train) if opts.n_ctx > 0 else self.target.n_ctx_train
         # hybrid/recurrent targets keep draft_max recurrent-state snapshots where llama.cpp can
         self.cfg = ContextConfig(n_ctx=n_ctx, n_threads=opts.threads, f32_kv=opts.f32_kv,
@@ -248,17 +257,21 @@ class Session:
             return "none"
         if self.has_mtp:
             kind = "mtp-lookup" if s.hybrid else "mtp"
+        elif self.eagle3_head:
+            kind = "eagle3-lookup" if s.hybrid else "eagle3"
         else:
             kind = ("hybrid" if s.hybrid else "model") if self.draft_path else "lookup"
         if s.adaptive:
             return kind
-        return {"hybrid": "model", "mtp-lookup": "mtp"}.get(kind, kind) + "-fixed"
+        return {"hybrid": "model", "mtp-lookup": "mtp", "eagle3-lookup": "eagle3"}.get(kind, kind) + "-fixed"
 
     def modes(self) -> list[str]:
         """Every drafter mode this session can build (bench compares them)."""
         out = ["none", "lookup", "lookup-fixed"]
         if self.has_mtp:
             out += ["mtp", "mtp-lookup", "mtp-fixed"]
+        if self.eagle3_head:
+            out += ["eagle3", "eagle3-lookup", "eagle3-fixed"]
         return out + (["model", "hybrid", "model-fixed"] if self.draft_path else [])
 
     @property
@@ -285,6 +298,12 @@ class Session:
             self._model_drafter = ModelDrafter(self.draft_model, self.cfg, p_min=self.opts.spec.draft_p_min)
         return self._model_drafter
 
+    def eagle3_drafter(self) -> Eagle3Drafter:
+        """The EAGLE-3 head as a drafter, made on first use and shared."""
+        if self._eagle3 is None:
+            self._eagle3 = Eagle3Drafter(self.ctx, self.eagle3_head, self.cfg, p_min=self.opts.spec.draft_p_min)
+        return self._eagle3
+
     def verify_costs(self) -> list[float]:
         """The target's verify cost curve on this machine (calibrated once, cached)."""
         if self._verify_costs is None:
@@ -297,15 +316,19 @@ class Session:
         if mode == "none":
             return NoDrafter()
         kind, fixed = mode.removesuffix("-fixed"), mode.endswith("-fixed")
-        lookup = lookup_drafter(s) if kind in ("lookup", "hybrid", "mtp-lookup") else None
-        model: ModelDrafter | MTPDrafter | None = None
+        lookup = lookup_drafter(s) if kind in ("lookup", "hybrid", "mtp-lookup", "eagle3-lookup") else None
+        model: ModelDrafter | MTPDrafter | Eagle3Drafter | None = None
         if kind in ("model", "hybrid"):
             model = self.model_drafter()
         elif kind in ("mtp", "mtp-lookup"):
             model = self.mtp_drafter()
+        elif kind in ("eagle3", "eagle3-lookup"):
+            model = self.eagle3_drafter()
         if fixed:
             return lookup or model
-        if isinstance(model, MTPDrafter):
+        if isinstance(model, Eagle3Drafter):
+            dcost = calibrate.cached_cost("eagle3", self.ctx, model.token_cost)
+        elif isinstance(model, MTPDrafter):
             dcost = calibrate.cached_cost("mtp-head" if self.mtp_head else "mtp", self.ctx, model.token_cost)
         else:
             dcost = calibrate.draft_token_cost(model.ctx) if model else 0.0
@@ -351,11 +374,11 @@ class Session:
 
     def close(self) -> None:
         self.drafter.close()
-        for shared in (self._model_drafter, self._mtp):
+        for shared in (self._model_drafter, self._mtp, self._eagle3):
             if shared:
                 shared.close()
         self.ctx.close()
         self.target.close()
-        for m in (self.draft_model, self.mtp_head):
+        for m in (self.draft_model, self.mtp_head or self.eagle3_head):
             if m:
                 m.close()

@@ -1,8 +1,8 @@
 """Trained drafting heads in separate GGUFs: an MTP-only head (a *sidecar*, llama.cpp's
 ``--spec-draft-model SIDECAR --spec-type draft-mtp``) drafting for a trunk converted without
 its MTP block, on tiny generated qwen35 halves (tests/tiny2026.py: the trunk and the sidecar of
-one model); EAGLE-3 and DFlash heads recognised from their headers (specli does not draft
-with them: the headers here are written with the keys and tensors of the vendored loaders).
+one model); EAGLE-3 heads (llama.cpp's ``draft-eagle3``) drafting for a tiny llama
+(tests/tinyheads.py); DFlash heads recognised from their headers and refused.
 f32 weights and an f32 KV cache: every output must match plain greedy decoding token for token."""
 
 from collections import Counter
@@ -15,12 +15,14 @@ from test_engine_exact import exact_joint
 from test_hybrid import CHECKPOINTS, PROMPTS, SNAPSHOTS, _cli, _env, _gpu_like_costs, cfg, run
 from test_verify import chi2_critical, chi2_stat
 from tiny2026 import _write, tiny_2026_model
+from tinyheads import tiny_head_model
 from tinymodels import read_tokenizer
 
 from specli.engine import Context, Model
 from specli.errors import SpecliError
 from specli.resolve.gguf_header import read_gguf
 from specli.speculate.drafters import NoDrafter
+from specli.speculate.heads import Eagle3Drafter, layer_ids
 from specli.speculate.mtp import MTPDrafter
 from specli.speculate.verify import SamplingParams
 
@@ -117,40 +119,83 @@ def test_cli_draft_head_runs_mtp_on_it_and_check_explains_the_fit(halves, tmp_pa
     assert rc == 1 and "✗ hidden size" in out and "built for another target" in err
 
 
-def _eagle3_header(path, tokenizer_gguf, *, target_hidden=64, layers=(0, 1, 1), d=64, n_head=4, ff=128):
-    """An EAGLE-3 head's GGUF with the keys and tensors ``llama_model_eagle3`` loads
-    (src/models/eagle3.cpp): ``eagle3.target_layers`` (3), ``eagle3.target_hidden_size``, ``fc``
-    {3*target_hidden, d}, one decoder layer whose attention reads [embedding | features] (2d)."""
-    tok = read_tokenizer(tokenizer_gguf)
-    n_vocab = len(tok["tokenizer.ggml.tokens"])
-    z = np.zeros
-    hd = d // n_head
-    t = {"fc.weight": z((d, 3 * target_hidden)), "output_norm.weight": np.ones(d), "output.weight": z((n_vocab, d)),
-         "blk.0.attn_norm.weight": np.ones(d), "blk.0.attn_norm_2.weight": np.ones(d),
-         "blk.0.attn_q.weight": z((n_head * hd, 2 * d)), "blk.0.attn_k.weight": z((n_head * hd, 2 * d)),
-         "blk.0.attn_v.weight": z((n_head * hd, 2 * d)), "blk.0.attn_output.weight": z((d, n_head * hd)),
-         "blk.0.ffn_norm.weight": np.ones(d), "blk.0.ffn_gate.weight": z((ff, d)), "blk.0.ffn_up.weight": z((ff, d)),
-         "blk.0.ffn_down.weight": z((d, ff)), "d2t": z(n_vocab)}
-    kv = [("u32", "context_length", 4096), ("u32", "embedding_length", d), ("u32", "block_count", 1),
-          ("u32", "feed_forward_length", ff), ("u32", "attention.head_count", n_head),
-          ("u32", "attention.head_count_kv", n_head), ("f32", "attention.layer_norm_rms_epsilon", 1e-6),
-          ("arr_i32", "target_layers", list(layers)), ("u32", "target_hidden_size", target_hidden)]
-    return _write(path, "eagle3", tok, kv, t)
+@pytest.fixture(scope="session")
+def eagle(smol_gguf):
+    """(bigram llama target, EAGLE-3 head) paths (tests/tinyheads.py); ``mode`` full: every draft
+    right when the call sequence is; partial: the target's features enter, drafts sometimes wrong."""
+    def get(mode, **kw):
+        return (str(tiny_head_model(TEST_CACHE, smol_gguf, "bigram")),
+                str(tiny_head_model(TEST_CACHE, smol_gguf, f"eagle3-{mode}", **kw)))
+    return get
 
 
-def test_eagle3_heads_are_recognised_checked_and_refused_in_one_line(halves, smol_gguf, tmp_path):
+@pytest.mark.parametrize("mode", ["full", "partial"])
+def test_an_eagle3_head_drafts_losslessly(eagle, mode):
+    target_path, head_path = eagle(mode)
+    model, head = Model(target_path), Model(head_path)
+    assert read_gguf(head_path).head_kind == "eagle3" and layer_ids(head) == [0, 1, 1]
+    drafted = accepted = 0
+    for text in PROMPTS[:2]:
+        prompt = model.tokenize(text)
+        plain, *_ = run(model, prompt, lambda c: NoDrafter(), 0)
+        out, st, c = run(model, prompt, lambda c: Eagle3Drafter(c, head, cfg(0), p_min=0.0), 0)
+        assert out == plain, text
+        assert c.tokens == prompt + out[:-1]
+        drafted, accepted = drafted + st.drafted, accepted + st.accepted
+    if mode == "full":  # right only if fed (token at P+1, features of P) at P, rejected rows dropped
+        assert drafted > 0 and accepted == drafted
+    else:
+        assert 0 < accepted < drafted
+
+
+def test_eagle3_sampling_follows_the_target_distribution(eagle):
+    target_path, head_path = eagle("partial", g_weight=0.1)
+    model, head = Model(target_path), Model(head_path)
+    params = SamplingParams(temperature=1.5, top_k=6)
+    prompt = model.tokenize(PROMPTS[0])
+    exact = exact_joint(Context(model, cfg(0)), prompt, params)
+    keys = list(exact)
+    probs = np.array([exact[k] for k in keys])
+    gen = Context(model, cfg(0))
+    drafter = Eagle3Drafter(gen, head, cfg(0), p_min=0.0)
+    counts, drafted, accepted = Counter(), 0, 0
+    for seed in range(1500):
+        out, st, _ = run(model, prompt, lambda c: drafter, 0, k=2, n=3, params=SamplingParams(1.5, 6, 1.0, seed), ctx=gen)
+        counts[tuple(out)] += 1
+        drafted, accepted = drafted + st.drafted, accepted + st.accepted
+    assert set(counts) <= set(keys)
+    stat, dof = chi2_stat(np.array([counts[k] for k in keys], float), probs)
+    assert stat < chi2_critical(dof), (stat, dof)
+    assert 0 < accepted < drafted
+
+
+def test_cli_draft_eagle3_head_and_check(eagle, smol_gguf, tmp_path):
     env = _env(tmp_path)
-    trunk, _ = halves("full")
-    fits = str(_eagle3_header(tmp_path / "e3.gguf", smol_gguf))
-    other = str(_eagle3_header(tmp_path / "e3-other.gguf", smol_gguf, target_hidden=4096, layers=(2, 20, 40)))
-    h = read_gguf(fits)
-    assert h.head_kind == "eagle3" and h.target_layers == [0, 1, 1]
-    rc, out, err = specli("check", trunk, fits, env=env)
-    assert rc == 1 and "draft: an EAGLE-3 head (llama.cpp draft-eagle3)" in out
-    assert "✓ hidden size" in out and "✓ target layers: head reads layers [0, 1, 1], the target has 2" in out
-    assert "✓ draft vocabulary: d2t maps" in out and "specli does not draft with eagle3 heads" in err
-    rc, out, err = specli("check", trunk, other, env=env)
+    target, head = eagle("full")
+    plain, _ = _cli(target, "none", env, PROMPTS[0])
+    _cli(target, head, env, PROMPTS[0])
+    _gpu_like_costs(tmp_path)
+    got, err = _cli(target, head, env, PROMPTS[0])
+    assert "is an EAGLE-3 head (llama.cpp draft-eagle3): drafting with it, fed the target's layers [0, 1, 1]" in err
+    st = got["stats"]
+    assert st["mode"] == "eagle3" and st["drafted"] > 0 and st["accepted"] == st["drafted"]
+    assert got["tokens"] == plain["tokens"]
+    rc, out, err = specli("check", target, head, env=env)
+    assert rc == 0, err
+    assert "draft: an EAGLE-3 head (llama.cpp draft-eagle3)" in out and "✓ hidden size" in out
+    assert "✓ target layers: head reads layers [0, 1, 1], the target has 2" in out and "compatible" in out
+    # a head built for another target (its hidden size and layers): one line, from the headers
+    other = str(tiny_head_model(TEST_CACHE, smol_gguf, "eagle3-full", target_hidden=4096, layers=(2, 20, 40)))
+    rc, out, err = specli("run", "--target", target, "--draft", other, "--raw", "--prompt", "hi", env=env)
+    assert rc != 0 and err.count("\n") == 1 and "is an EAGLE-3 head (llama.cpp draft-eagle3) built for another target" in err
+    rc, out, err = specli("check", target, other, env=env)
     assert rc == 1 and "✗ hidden size: head reads rows of 4096, the target's are 64" in out
     assert "✗ target layers: head reads layers [2, 20, 40], the target has 2" in out
-    rc, out, err = specli("run", "--target", trunk, "--draft", fits, "--raw", "--prompt", "hi", env=env)
-    assert rc != 0 and err.count("\n") == 1 and "is an EAGLE-3 head" in err and "does not draft with eagle3" in err
+    # a DFlash head (the header llama.cpp's loader reads): recognised, checked, refused in one line
+    dflash = _write(tmp_path / "dflash.gguf", "dflash", read_tokenizer(smol_gguf),
+                    [("u32", "embedding_length", 64), ("u32", "block_count", 1), ("u32", "block_size", 16),
+                     ("arr_i32", "target_layers", [0, 1])], {"fc.weight": np.zeros((64, 128), np.float32)})
+    rc, out, err = specli("check", target, str(dflash), env=env)
+    assert rc == 1 and "draft: a DFlash head (llama.cpp draft-dflash)" in out and "does not draft with dflash" in err
+    rc, out, err = specli("run", "--target", target, "--draft", str(dflash), "--raw", "--prompt", "hi", env=env)
+    assert rc != 0 and err.count("\n") == 1 and "is a DFlash head" in err

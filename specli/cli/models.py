@@ -52,7 +52,7 @@ def check(target: str = typer.Argument(..., help="Target model reference."),
     headers alone (Hub files are read with range requests, not downloaded). The target's own
     MTP layers are shown too."""
     from specli.resolve import models, vocab
-    from specli.resolve.gguf_header import HEAD_MTP_ONLY, HEAD_NAMES, head_fit, vocab_from_header
+    from specli.resolve.gguf_header import HEAD_EAGLE3, HEAD_MTP_ONLY, HEAD_NAMES, head_fit, vocab_from_header
 
     th = models.header_of(target)
     mtp = f"{th.mtp_layers} ({'--draft mtp drafts with them' if th.mtp_usable else 'no MTP graph for this architecture in this llama.cpp'})" if th.mtp_layers else "none"
@@ -74,11 +74,12 @@ def check(target: str = typer.Argument(..., help="Target model reference."),
     if msg or bad:
         err(f"error: {msg or 'a head built for another target (' + '; '.join(bad) + ')'}")
         raise typer.Exit(1)
-    if kind and kind != HEAD_MTP_ONLY:
+    if kind and kind not in (HEAD_MTP_ONLY, HEAD_EAGLE3):
         err(f"error: the head fits, but specli does not draft with {kind} heads (llama.cpp's server does)")
         raise typer.Exit(1)
     print("compatible: the draft can speculate for the target"
-          + (" (--draft HEAD runs the MTP drafter on it)" if kind else ""))
+          + (f" (--draft HEAD drafts with it: {'the MTP drafter' if kind == HEAD_MTP_ONLY else 'EAGLE-3'})"
+             if kind else ""))
 
 
 profiles_app = typer.Typer(help="Curated target/draft pairs: list them, or show one.", invoke_without_command=True)

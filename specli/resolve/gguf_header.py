@@ -106,6 +106,13 @@ LLAMA_ARCHITECTURES = frozenset({
     "mellum", "nanbeige", "qwen3tts", "pockettts"})
 
 
+# architectures whose graph exposes its layer inputs (res->t_layer_inp in src/models/*.cpp of the
+# vendored llama.cpp): the targets an EAGLE-3 or DFlash head can read (llama.cpp aborts otherwise)
+LAYER_INPUT_ARCHITECTURES = frozenset({
+    "llama", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "qwen4exp", "lfm2", "gpt-oss", "gemma4",
+    "deepseek4", "bailingmoe3", "nemotron_h", "minimax-01", "minimax-m2", "nanbeige", "hunyuan_vl", "mimo2",
+    "muse-glimmer"})
+
 # trained drafting heads (GGUFHeader.head_kind)
 HEAD_MTP_ONLY, HEAD_EAGLE3, HEAD_DFLASH = "mtp-only", "eagle3", "dflash"
 HEAD_NAMES = {HEAD_MTP_ONLY: "an MTP-only head (llama.cpp draft-mtp with a separate model)",
@@ -376,6 +383,9 @@ def head_fit(target: GGUFHeader, head: GGUFHeader) -> list[tuple[bool, str, str]
                       f"this llama.cpp {'has' if head.architecture in MTP_ARCHITECTURES else 'has no'} "
                       f"MTP graph for {head.architecture}"))
     elif kind in (HEAD_EAGLE3, HEAD_DFLASH, "dspark"):
+        rules.append((target.architecture in LAYER_INPUT_ARCHITECTURES, "layer rows",
+                      f"this llama.cpp {'exports' if target.architecture in LAYER_INPUT_ARCHITECTURES else 'cannot export'}"
+                      f" the layer rows of a {target.architecture} target"))
         want = head.arch_key("target_hidden_size") if kind == HEAD_EAGLE3 else h_embd
         rules.append((want == t_embd, "hidden size", f"head reads rows of {want}, the target's are {t_embd}"))
         ids = head.target_layers
