@@ -379,13 +379,11 @@ def head_fit(target: GGUFHeader, head: GGUFHeader) -> list[tuple[bool, str, str]
         rules.append((t_embd == h_embd, "hidden size", f"head reads rows of {h_embd}, the target's are {t_embd}"))
         n_trunk = int(head.arch_key("block_count", 0) or 0) - head.mtp_layers
         rules.append((n_trunk == t_layers, "layers", f"head placed after layer {n_trunk}, the target has {t_layers}"))
-        rules.append((head.architecture in MTP_ARCHITECTURES, "MTP graph",
-                      f"this llama.cpp {'has' if head.architecture in MTP_ARCHITECTURES else 'has no'} "
-                      f"MTP graph for {head.architecture}"))
+        graph = "has" if head.architecture in MTP_ARCHITECTURES else "has no"
+        rules.append((graph == "has", "MTP graph", f"this llama.cpp {graph} MTP graph for {head.architecture}"))
     elif kind in (HEAD_EAGLE3, HEAD_DFLASH, "dspark"):
-        rules.append((target.architecture in LAYER_INPUT_ARCHITECTURES, "layer rows",
-                      f"this llama.cpp {'exports' if target.architecture in LAYER_INPUT_ARCHITECTURES else 'cannot export'}"
-                      f" the layer rows of a {target.architecture} target"))
+        rows = "exports" if target.architecture in LAYER_INPUT_ARCHITECTURES else "cannot export"
+        rules.append((rows == "exports", "layer rows", f"this llama.cpp {rows} the layer rows of a {target.architecture} target"))
         want = head.arch_key("target_hidden_size") if kind == HEAD_EAGLE3 else h_embd
         rules.append((want == t_embd, "hidden size", f"head reads rows of {want}, the target's are {t_embd}"))
         ids = head.target_layers

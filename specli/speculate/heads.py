@@ -31,7 +31,7 @@ import numpy as np
 
 from specli.engine import Context, ContextConfig, DecodeListener, L, Model
 from specli.errors import SpecliError
-from specli.resolve.gguf_header import HEAD_EAGLE3, LAYER_INPUT_ARCHITECTURES, head_fit
+from specli.resolve.gguf_header import HEAD_EAGLE3, head_fit
 from specli.speculate.drafters import Draft, Drafter, Source, greedy_drafts
 from specli.speculate.mtp import LX, mtp_available
 from specli.speculate.settings import DEFAULTS
@@ -194,7 +194,7 @@ class Eagle3Drafter(Drafter, DecodeListener):
         if pos0 + reps + 1 > self.ctx.n_ctx:
             return 0.0
         h = np.zeros((1, self.n_embd), np.float32)
-        tok = self.target.model.bos if self.target.model.bos >= 0 else 0
+        tok = max(self.target.model.bos, 0)
         best = float("inf")
         self.ctx.eval([tok], "last", embd=h)
         for _ in range(reps):
