@@ -23,17 +23,16 @@ precondition is checked here first.
 from __future__ import annotations
 
 import ctypes
-import time
 from dataclasses import replace
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from specli.engine import Context, ContextConfig, DecodeListener, L, Model
+from specli.engine import Context, ContextConfig, L, Model
 from specli.errors import SpecliError
 from specli.resolve.gguf_header import HEAD_EAGLE3, head_fit
-from specli.speculate.drafters import Draft, Drafter, Source, greedy_drafts
-from specli.speculate.mtp import LX, mtp_available
+from specli.speculate.drafters import Source
+from specli.speculate.mtp import LX, MTPDrafter, mtp_available
 from specli.speculate.settings import DEFAULTS
 
 EAGLE3 = Source("eagle3")  # fed inside the target's pass, like MTP
@@ -73,12 +72,15 @@ def layer_ids(head: Model) -> list[int]:
     return [int(ptr[i]) for i in range(n)] if n and ptr else []
 
 
-class Eagle3Drafter(Drafter, DecodeListener):
+class Eagle3Drafter(MTPDrafter):
     """Greedy drafts from an EAGLE-3 head, stopping when its top probability falls below
-    ``p_min`` or when ``keep_going`` says the next token does not pay."""
+    ``p_min`` or when ``keep_going`` says the next token does not pay. Drafting, pricing and the
+    rows kept are the MTP drafter's (an MTP head is fed (x[p], h[p-1]) at p, this one
+    (x[p+1], g[p]) at p: the same loop one position behind); what differs is how it is fed."""
 
     name = "eagle3"
     source = EAGLE3
+    lag = 1
 
     def __init__(self, target: Context, head: Model, cfg: ContextConfig, p_min: float = DEFAULTS.draft_p_min):
         if not heads_available():
@@ -114,14 +116,6 @@ class Eagle3Drafter(Drafter, DecodeListener):
             target.eval(saved, "none")
 
     # -- fed by the target ----------------------------------------------------------------
-    def hidden(self, pos: int) -> np.ndarray:
-        """g of the position ``pos`` (zeros where no longer known: drafts are then worse, never wrong)."""
-        if self._block is not None:
-            p0, rows = self._block
-            if p0 <= pos < p0 + len(rows):
-                return rows[pos - p0]
-        return np.zeros(self.n_embd, np.float32)
-
     def _encode(self, features: np.ndarray) -> np.ndarray:
         """The head's encoder (its ``fc``) over rows of concatenated target features."""
         out = []
@@ -163,51 +157,8 @@ class Eagle3Drafter(Drafter, DecodeListener):
     def truncated(self, ctx: Context, n_keep: int) -> None:
         self.ctx.rollback(max(n_keep - 1, 0))  # the last kept position is deferred again
 
-    # -- drafting -------------------------------------------------------------------------
-    def propose(self, context: Sequence[int], max_len: int,
-                keep_going: Callable[[int, float, list[int]], bool] | None = None, p_min: float | None = None) -> Draft:
-        p_min = self.p_min if p_min is None else p_min
-        pos0 = len(context) - 1  # the last token is not in the target's cache yet
-        ctx = self.ctx
-        max_len = min(max_len, ctx.n_ctx - pos0 - 1)
-        if max_len <= 0 or pos0 < 1 or self.target.n_past != pos0 or ctx.n_past != pos0 - 1:
-            return Draft([], EAGLE3)
-
-        def step(tok: int, h: np.ndarray | None = None) -> np.ndarray:
-            if h is None:
-                h = np.ctypeslib.as_array(LX.llama_get_embeddings_nextn_ith(ctx._ctx, 0), shape=(self.n_embd,)).copy()
-            return ctx.eval([tok], "last", embd=h[None])[0]
-
-        try:
-            first = step(int(context[-1]), self.hidden(pos0 - 1))
-            toks, conf, passes = greedy_drafts(first, step, max_len, self.target.model.is_eog, p_min, keep_going)
-        finally:
-            ctx.rollback(pos0 - 1)
-        return Draft(toks, EAGLE3, conf, passes=passes)
-
-    def behind(self, context: Sequence[int]) -> int:
-        return 0
-
-    def token_cost(self, reps: int = 4) -> float:
-        """Seconds per decoder pass of the head, measured here (the best of ``reps``)."""
-        pos0 = self.ctx.n_past
-        if pos0 + reps + 1 > self.ctx.n_ctx:
-            return 0.0
-        h = np.zeros((1, self.n_embd), np.float32)
-        tok = max(self.target.model.bos, 0)
-        best = float("inf")
-        self.ctx.eval([tok], "last", embd=h)
-        for _ in range(reps):
-            t = time.perf_counter()
-            self.ctx.eval([tok], "last", embd=h)
-            best = min(best, time.perf_counter() - t)
-        self.ctx.rollback(pos0)
-        return best
-
     def close(self) -> None:
-        if self in self.target.listeners:
-            self.target.listeners.remove(self)
         if self._enc is not None:
             L.llama_batch_ext_free(self._enc)
             self._enc = None
-        self.ctx.close()
+        super().close()

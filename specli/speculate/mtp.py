@@ -61,6 +61,7 @@ class MTPDrafter(Drafter, DecodeListener):
 
     name = "mtp"
     source = MTP
+    lag = 0  # the head's position of the last token: the target's (pos0), or one before (EAGLE-3's pairs)
 
     def __init__(self, target: Context, cfg: ContextConfig, p_min: float = DEFAULTS.draft_p_min,
                  head: Model | None = None):
@@ -118,10 +119,11 @@ class MTPDrafter(Drafter, DecodeListener):
                 keep_going: Callable[[int, float, list[int]], bool] | None = None, p_min: float | None = None) -> Draft:
         p_min = self.p_min if p_min is None else p_min
         pos0 = len(context) - 1  # the last token is not in the target's cache yet
+        at = pos0 - self.lag  # where the head takes the last token
         ctx = self.ctx
         max_len = min(max_len, ctx.n_ctx - pos0 - 1)
-        if max_len <= 0 or self.target.n_past != pos0 or ctx.n_past != pos0:
-            return Draft([], MTP)
+        if max_len <= 0 or at < 0 or self.target.n_past != pos0 or ctx.n_past != at:
+            return Draft([], self.source)
         def step(tok: int, h: np.ndarray | None = None) -> np.ndarray:
             """One MTP pass: the token with the hidden row before it (the MTP head's own last one)."""
             if h is None:
@@ -132,8 +134,8 @@ class MTPDrafter(Drafter, DecodeListener):
             first = step(int(context[-1]), self.hidden(pos0 - 1))
             toks, conf, passes = greedy_drafts(first, step, max_len, self.target.model.is_eog, p_min, keep_going)
         finally:
-            ctx.rollback(pos0)  # the verify pass feeds the real rows for these positions
-        return Draft(toks, MTP, conf, passes=passes)
+            ctx.rollback(at)  # the verify pass feeds the real rows for these positions
+        return Draft(toks, self.source, conf, passes=passes)
 
     def behind(self, context: Sequence[int]) -> int:
         """Nothing to catch up on: the target's own passes feed the MTP layers."""
@@ -146,7 +148,7 @@ class MTPDrafter(Drafter, DecodeListener):
             return 0.0
         h = np.zeros((1, self.n_embd), np.float32)
         best = float("inf")
-        tok = self.target.model.bos if self.target.model.bos >= 0 else 0
+        tok = max(self.target.model.bos, 0)
         self.ctx.eval([tok], "last", embd=h)  # warm-up: the first pass of a shape allocates its graph
         for _ in range(reps):
             t = time.perf_counter()
