@@ -5,6 +5,7 @@ one model); EAGLE-3 heads (llama.cpp's ``draft-eagle3``) drafting for a tiny lla
 (tests/tinyheads.py); DFlash heads recognised from their headers and refused.
 f32 weights and an f32 KV cache: every output must match plain greedy decoding token for token."""
 
+import json
 from collections import Counter
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 from clihelp import specli
 from conftest import TEST_CACHE
 from test_engine_exact import exact_joint
-from test_hybrid import CHECKPOINTS, PROMPTS, SNAPSHOTS, _cli, _env, _gpu_like_costs, cfg, run
+from test_hybrid import CHECKPOINTS, PROMPTS, SNAPSHOTS, _cli, _env, cfg, run
 from test_verify import chi2_critical, chi2_stat
 from tiny2026 import _write, tiny_2026_model
 from tinyheads import tiny_head_model
@@ -25,6 +26,19 @@ from specli.speculate.drafters import NoDrafter
 from specli.speculate.heads import Eagle3Drafter, layer_ids
 from specli.speculate.mtp import MTPDrafter
 from specli.speculate.verify import SamplingParams
+
+
+def _gpu_like_costs(cache_dir):
+    """As test_hybrid's: a GPU's costs (verify ~ one token, a head's pass a twentieth), so the
+    controller drafts whatever this machine's load."""
+    path = cache_dir / "calibration.json"
+    d = json.loads(path.read_text())
+    for key, value in list(d.items()):
+        if key.startswith("verify:"):
+            d[key] = [0.01 * (1 + 0.01 * k) for k in range(len(value))]
+        elif key.startswith(("mtp-head:", "eagle3:")):
+            d[key] = 0.0005
+    path.write_text(json.dumps(d))
 
 
 @pytest.fixture(scope="session")
