@@ -31,8 +31,8 @@ from specli.speculate.drafters import (
     ModelDrafter,
     NoDrafter,
 )
-from specli.speculate.loop import Response, Stats, check_prompt_fits, generate
 from specli.speculate.heads import Eagle3Drafter
+from specli.speculate.loop import Response, Stats, check_prompt_fits, generate
 from specli.speculate.mtp import MTPDrafter
 from specli.speculate.settings import SpecSettings
 from specli.speculate.verify import SamplingParams
