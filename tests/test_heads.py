@@ -98,7 +98,7 @@ def test_sidecar_sampling_follows_the_target_distribution(halves):
     gen = Context(model, cfg(SNAPSHOTS))
     drafter = MTPDrafter(gen, cfg(SNAPSHOTS), p_min=0.0, head=sidecar)
     counts, drafted, accepted = Counter(), 0, 0
-    for seed in range(1500):
+    for seed in range(800):
         out, st, _ = run(model, prompt, lambda c: drafter, SNAPSHOTS, k=2, n=3,
                          params=SamplingParams(1.5, 6, 1.0, seed), ctx=gen)
         counts[tuple(out)] += 1
@@ -173,7 +173,7 @@ def test_eagle3_sampling_follows_the_target_distribution(eagle):
     gen = Context(model, cfg(0))
     drafter = Eagle3Drafter(gen, head, cfg(0), p_min=0.0)
     counts, drafted, accepted = Counter(), 0, 0
-    for seed in range(1500):
+    for seed in range(800):
         out, st, _ = run(model, prompt, lambda c: drafter, 0, k=2, n=3, params=SamplingParams(1.5, 6, 1.0, seed), ctx=gen)
         counts[tuple(out)] += 1
         drafted, accepted = drafted + st.drafted, accepted + st.accepted
