@@ -23,9 +23,23 @@ from specli.engine import Context, Model
 from specli.errors import SpecliError
 from specli.resolve.gguf_header import read_gguf
 from specli.speculate.drafters import NoDrafter
-from specli.speculate.heads import Eagle3Drafter, layer_ids
+from specli.speculate.heads import Eagle3Drafter, eagle3_context, layer_ids
 from specli.speculate.mtp import MTPDrafter
 from specli.speculate.verify import SamplingParams
+
+
+def sidecar_drafter(target, sidecar, cfg):
+    """The MTP drafter on an MTP-only head, wired as the session wires it."""
+    d = MTPDrafter(target, target.mtp_context(cfg, sidecar), p_min=0.0)
+    target.listen(d, replay=True)
+    return d
+
+
+def eagle3_drafter(target, head, cfg):
+    """The EAGLE-3 drafter, wired as the session wires it."""
+    d = Eagle3Drafter(target, eagle3_context(target, head, cfg), p_min=0.0)
+    target.listen(d, replay=True)
+    return d
 
 
 def _gpu_like_costs(cache_dir):
@@ -69,7 +83,7 @@ def test_a_sidecar_head_drafts_for_its_trunk_losslessly(halves, mode, n_rs_seq):
     for text in PROMPTS[:2]:
         prompt = model.tokenize(text)
         plain, *_ = run(model, prompt, lambda c: NoDrafter(), n_rs_seq)
-        out, st, c = run(model, prompt, lambda c: MTPDrafter(c, cfg(n_rs_seq), p_min=0.0, head=sidecar), n_rs_seq)
+        out, st, c = run(model, prompt, lambda c: sidecar_drafter(c, sidecar, cfg(n_rs_seq)), n_rs_seq)
         assert out == plain, text
         assert c.tokens == prompt + out[:-1]
         drafted, accepted = drafted + st.drafted, accepted + st.accepted
@@ -84,7 +98,7 @@ def test_a_sidecar_of_another_model_is_refused_before_llama_cpp_sees_it(halves):
     _, other = halves("full", d=32, ff=64)
     model = Model(trunk)
     with pytest.raises(SpecliError, match="hidden size 32, the target's is 64"):
-        MTPDrafter(Context(model, cfg(0)), cfg(0), head=Model(other, load_mtp=True))
+        Context(model, cfg(0)).mtp_context(cfg(0), Model(other, load_mtp=True))
 
 
 def test_sidecar_sampling_follows_the_target_distribution(halves):
@@ -96,7 +110,7 @@ def test_sidecar_sampling_follows_the_target_distribution(halves):
     keys = list(exact)
     probs = np.array([exact[k] for k in keys])
     gen = Context(model, cfg(SNAPSHOTS))
-    drafter = MTPDrafter(gen, cfg(SNAPSHOTS), p_min=0.0, head=sidecar)
+    drafter = sidecar_drafter(gen, sidecar, cfg(SNAPSHOTS))
     counts, drafted, accepted = Counter(), 0, 0
     for seed in range(800):
         out, st, _ = run(model, prompt, lambda c: drafter, SNAPSHOTS, k=2, n=3,
@@ -152,7 +166,7 @@ def test_an_eagle3_head_drafts_losslessly(eagle, mode):
     for text in PROMPTS[:2]:
         prompt = model.tokenize(text)
         plain, *_ = run(model, prompt, lambda c: NoDrafter(), 0)
-        out, st, c = run(model, prompt, lambda c: Eagle3Drafter(c, head, cfg(0), p_min=0.0), 0)
+        out, st, c = run(model, prompt, lambda c: eagle3_drafter(c, head, cfg(0)), 0)
         assert out == plain, text
         assert c.tokens == prompt + out[:-1]
         drafted, accepted = drafted + st.drafted, accepted + st.accepted
@@ -171,10 +185,11 @@ def test_eagle3_sampling_follows_the_target_distribution(eagle):
     keys = list(exact)
     probs = np.array([exact[k] for k in keys])
     gen = Context(model, cfg(0))
-    drafter = Eagle3Drafter(gen, head, cfg(0), p_min=0.0)
+    drafter = eagle3_drafter(gen, head, cfg(0))
     counts, drafted, accepted = Counter(), 0, 0
     for seed in range(800):
-        out, st, _ = run(model, prompt, lambda c: drafter, 0, k=2, n=3, params=SamplingParams(1.5, 6, 1.0, seed), ctx=gen)
+        out, st, _ = run(model, prompt, lambda c: drafter, 0, k=2, n=3, params=SamplingParams(1.5, 6, 1.0, seed),
+                         ctx=gen)
         counts[tuple(out)] += 1
         drafted, accepted = drafted + st.drafted, accepted + st.accepted
     assert set(counts) <= set(keys)
@@ -201,7 +216,8 @@ def test_cli_draft_eagle3_head_and_check(eagle, smol_gguf, tmp_path):
     # a head built for another target (its hidden size and layers): one line, from the headers
     other = str(tiny_head_model(TEST_CACHE, smol_gguf, "eagle3-full", target_hidden=4096, layers=(2, 20, 40)))
     rc, out, err = specli("run", "--target", target, "--draft", other, "--raw", "--prompt", "hi", env=env)
-    assert rc != 0 and err.count("\n") == 1 and "is an EAGLE-3 head (llama.cpp draft-eagle3) built for another target" in err
+    assert rc != 0 and err.count("\n") == 1
+    assert "is an EAGLE-3 head (llama.cpp draft-eagle3) built for another target" in err
     rc, out, err = specli("check", target, other, env=env)
     assert rc == 1 and "✗ hidden size: head reads rows of 4096, the target's are 64" in out
     assert "✗ target layers: head reads layers [2, 20, 40], the target has 2" in out

@@ -25,12 +25,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from tiny2026 import tiny_2026_model
-from tinyheads import tiny_head_model
+from tiny2026 import tiny_2026_model  # noqa: E402
+from tinyheads import tiny_head_model  # noqa: E402
 
-from specli.engine import Context, ContextConfig, Model
-from specli.speculate.heads import Eagle3Drafter
-from specli.speculate.mtp import MTPDrafter
+from specli.engine import Context, ContextConfig, Model  # noqa: E402
+from specli.speculate.heads import Eagle3Drafter, eagle3_context  # noqa: E402
+from specli.speculate.mtp import MTPDrafter  # noqa: E402
 
 
 def best(f, reps: int) -> float:
@@ -76,9 +76,10 @@ def main() -> None:
     ctx.eval(prompt, "none")
     res["eagle3_target_verify_1_s"] = verify_cost(ctx, 1, a.reps)
     res["eagle3_target_verify_k_s"] = verify_cost(ctx, k, a.reps)
-    drafter = Eagle3Drafter(ctx, head, cfg, p_min=0.0)  # replays the prompt through the head
+    drafter = Eagle3Drafter(ctx, eagle3_context(ctx, head, cfg), p_min=0.0)
+    ctx.listen(drafter, replay=True)  # replays the prompt through the head
     res["eagle3_target_verify_k_with_head_s"] = verify_cost(ctx, k, a.reps)  # + exporting rows, encoding, feeding
-    res["eagle3_head_pass_s"] = drafter.token_cost(a.reps)
+    res["eagle3_head_pass_s"] = drafter.pass_time(a.reps)
     feats = np.zeros((k, 3 * d), np.float32)
     res["eagle3_encode_k_s"] = best(lambda: drafter._encode(feats), a.reps)
     drafter.close()
@@ -91,9 +92,10 @@ def main() -> None:
     tctx.eval(prompt, "none")
     res["sidecar_target_verify_1_s"] = verify_cost(tctx, 1, a.reps)
     res["sidecar_target_verify_k_s"] = verify_cost(tctx, k, a.reps)
-    mtp = MTPDrafter(tctx, cfg, p_min=0.0, head=side)
+    mtp = MTPDrafter(tctx, tctx.mtp_context(cfg, side), p_min=0.0)
+    tctx.listen(mtp, replay=True)
     res["sidecar_target_verify_k_with_head_s"] = verify_cost(tctx, k, a.reps)
-    res["sidecar_mtp_pass_s"] = mtp.token_cost(a.reps)
+    res["sidecar_mtp_pass_s"] = mtp.pass_time(a.reps)
     mtp.close()
     a.out.write_text(json.dumps(res, indent=1))
     print(json.dumps(res, indent=1))

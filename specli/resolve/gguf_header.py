@@ -383,7 +383,8 @@ def head_fit(target: GGUFHeader, head: GGUFHeader) -> list[tuple[bool, str, str]
         rules.append((graph == "has", "MTP graph", f"this llama.cpp {graph} MTP graph for {head.architecture}"))
     elif kind in (HEAD_EAGLE3, HEAD_DFLASH, "dspark"):
         rows = "exports" if target.architecture in LAYER_INPUT_ARCHITECTURES else "cannot export"
-        rules.append((rows == "exports", "layer rows", f"this llama.cpp {rows} the layer rows of a {target.architecture} target"))
+        rules.append((rows == "exports", "layer rows",
+                      f"this llama.cpp {rows} the layer rows of a {target.architecture} target"))
         want = head.arch_key("target_hidden_size") if kind == HEAD_EAGLE3 else h_embd
         rules.append((want == t_embd, "hidden size", f"head reads rows of {want}, the target's are {t_embd}"))
         ids = head.target_layers

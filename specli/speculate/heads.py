@@ -23,16 +23,16 @@ precondition is checked here first.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Sequence
 
 import numpy as np
 
-from specli.engine import Context, ContextConfig, L, Model
+from specli.engine import LX, Context, ContextConfig, L, Model, mtp_available
 from specli.errors import SpecliError
 from specli.resolve.gguf_header import HEAD_EAGLE3, head_fit
 from specli.speculate.drafters import Source
-from specli.speculate.mtp import LX, MTPDrafter, mtp_available
+from specli.speculate.mtp import MTPDrafter
 from specli.speculate.settings import DEFAULTS
 
 EAGLE3 = Source("eagle3")  # fed inside the target's pass, like MTP
@@ -72,48 +72,53 @@ def layer_ids(head: Model) -> list[int]:
     return [int(ptr[i]) for i in range(n)] if n and ptr else []
 
 
+def eagle3_context(target: Context, head: Model, cfg: ContextConfig) -> Context:
+    """The EAGLE-3 head's context, reading ``target``'s state (its embeddings and output): checked
+    to fit the target first (llama.cpp aborts the process on a misfit), and from now on the target
+    exports the input rows of the layers the head reads (llama.cpp's ``draft-eagle3`` wiring)."""
+    if not heads_available():
+        raise SpecliError("this llama-cpp-python's libllama does not export the EAGLE-3 functions "
+                          "(llama_set_embeddings_layer_inp, llama_model_target_layer_ids, ...)")
+    tm = target.model
+    if head.header.head_kind != HEAD_EAGLE3:
+        raise SpecliError(f"{head.name} is not an EAGLE-3 head (architecture {head.header.architecture})")
+    bad = [f"{rule}: {detail}" for ok, rule, detail in head_fit(tm.header, head.header) if not ok]
+    if bad:
+        raise SpecliError(f"{head.name} is an EAGLE-3 head built for another target ({'; '.join(bad)})")
+    ids = layer_ids(head)
+    n_layer = int(L.llama_model_n_layer(tm._model))
+    if len(ids) != 3 or not all(0 <= i < n_layer for i in ids):
+        raise SpecliError(f"{head.name} reads target layers {ids}; the target has {n_layer} "
+                          "(specli reads layer inputs only, ids below the target's layer count)")
+    if head.n_vocab != tm.n_vocab:
+        raise SpecliError(f"{head.name}: a head with {head.n_vocab} tokens, the target has {tm.n_vocab}")
+    ctx = Context(head, replace(cfg, n_rs_seq=0), other=target)
+    for lid in ids:
+        set_layer_inp(target._ctx, lid, True)
+    LX.llama_set_embeddings_nextn(ctx._ctx, True, True)  # the head's pre-norm row where logits are asked
+    return ctx
+
+
 class Eagle3Drafter(MTPDrafter):
     """Greedy drafts from an EAGLE-3 head, stopping when its top probability falls below
-    ``p_min`` or when ``keep_going`` says the next token does not pay. Drafting, pricing and the
-    rows kept are the MTP drafter's (an MTP head is fed (x[p], h[p-1]) at p, this one
-    (x[p+1], g[p]) at p: the same loop one position behind); what differs is how it is fed."""
+    ``p_min`` or when ``keep_going`` says the next token does not pay. Drafting (under a
+    grammar's guide too), pricing and the rows kept are the MTP drafter's (an MTP head is fed
+    (x[p], h[p-1]) at p, this one (x[p+1], g[p]) at p: the same loop one position behind); what
+    differs is how it is fed. ``ctx``: the head's context (:func:`eagle3_context`); the drafter
+    must hear every decode of the target (``target.listen(drafter, replay=True)``), which the
+    session wires."""
 
     name = "eagle3"
     source = EAGLE3
     lag = 1
 
-    def __init__(self, target: Context, head: Model, cfg: ContextConfig, p_min: float = DEFAULTS.draft_p_min):
-        if not heads_available():
-            raise SpecliError("this llama-cpp-python's libllama does not export the EAGLE-3 functions "
-                              "(llama_set_embeddings_layer_inp, llama_model_target_layer_ids, ...)")
-        tm = target.model
-        if head.header.head_kind != HEAD_EAGLE3:
-            raise SpecliError(f"{head.name} is not an EAGLE-3 head (architecture {head.header.architecture})")
-        bad = [f"{rule}: {detail}" for ok, rule, detail in head_fit(tm.header, head.header) if not ok]
-        if bad:
-            raise SpecliError(f"{head.name} is an EAGLE-3 head built for another target ({'; '.join(bad)})")
-        self.ids = layer_ids(head)
-        n_layer = int(L.llama_model_n_layer(tm._model))
-        if len(self.ids) != 3 or not all(0 <= i < n_layer for i in self.ids):
-            raise SpecliError(f"{head.name} reads target layers {self.ids}; the target has {n_layer} "
-                              "(specli reads layer inputs only, ids below the target's layer count)")
-        if head.n_vocab != tm.n_vocab:
-            raise SpecliError(f"{head.name}: a head with {head.n_vocab} tokens, the target has {tm.n_vocab}")
-        self.target = target
-        self.p_min = p_min
-        self.n_embd_tgt = tm.n_embd
-        self.n_embd = head.n_embd
-        self.ctx = Context(head, replace(cfg, n_rs_seq=0), other=target)  # reads the target's embeddings/output
-        for lid in self.ids:
-            set_layer_inp(target._ctx, lid, True)
-        LX.llama_set_embeddings_nextn(self.ctx._ctx, True, True)  # the head's pre-norm row where logits are asked
+    def __init__(self, target: Context, ctx: Context, p_min: float = DEFAULTS.draft_p_min):
+        super().__init__(target, ctx, p_min)
+        self.cost_key = "eagle3"
+        self.ids = layer_ids(ctx.model)
+        self.n_embd_tgt = target.model.n_embd
+        self.n_embd = ctx.model.n_embd
         self._enc = L.llama_batch_ext_init(self.ctx._ctx)
-        self._block: tuple[int, np.ndarray] | None = None  # (first position, g rows) of the last target decode
-        target.listeners.append(self)
-        if target.tokens:  # the target already holds tokens the head never saw
-            saved = list(target.tokens)
-            target.clear()
-            target.eval(saved, "none")
 
     # -- fed by the target ----------------------------------------------------------------
     def _encode(self, features: np.ndarray) -> np.ndarray:
