@@ -6,12 +6,14 @@ one model); EAGLE-3 heads (llama.cpp's ``draft-eagle3``) drafting for a tiny lla
 f32 weights and an f32 KV cache: every output must match plain greedy decoding token for token."""
 
 import json
+import shlex
 from collections import Counter
 
 import numpy as np
 import pytest
 from clihelp import specli
 from conftest import TEST_CACHE
+from test_constrain import EMAIL
 from test_engine_exact import exact_joint
 from test_hybrid import CHECKPOINTS, PROMPTS, SNAPSHOTS, _cli, _env, cfg, run
 from test_verify import chi2_critical, chi2_stat
@@ -19,11 +21,13 @@ from tiny2026 import _write, tiny_2026_model
 from tinyheads import tiny_head_model
 from tinymodels import read_tokenizer
 
+from specli.constrain import Constraint
 from specli.engine import Context, Model
 from specli.errors import SpecliError
 from specli.resolve.gguf_header import read_gguf
 from specli.speculate.drafters import NoDrafter
 from specli.speculate.heads import Eagle3Drafter, eagle3_context, layer_ids
+from specli.speculate.loop import generate
 from specli.speculate.mtp import MTPDrafter
 from specli.speculate.verify import SamplingParams
 
@@ -132,7 +136,7 @@ def test_cli_draft_head_runs_mtp_on_it_and_check_explains_the_fit(halves, tmp_pa
     got, err = _cli(trunk, head, env, PROMPTS[0])
     assert "is an MTP-only head (llama.cpp draft-mtp with a separate model): drafting with its MTP layers" in err
     st = got["stats"]
-    assert st["mode"] == "mtp" and st["drafted"] > 0 and st["accepted"] == st["drafted"]
+    assert st["mode"] == "mtp-lookup" and st["drafted"] > 0 and st["accepted"] == st["drafted"]
     assert got["tokens"] == plain["tokens"] and got["text"] == plain["text"]
     rc, out, err = specli("check", trunk, head, env=env)
     assert rc == 0, err
@@ -207,7 +211,7 @@ def test_cli_draft_eagle3_head_and_check(eagle, smol_gguf, tmp_path):
     got, err = _cli(target, head, env, PROMPTS[0])
     assert "is an EAGLE-3 head (llama.cpp draft-eagle3): drafting with it, fed the target's layers [0, 1, 1]" in err
     st = got["stats"]
-    assert st["mode"] == "eagle3" and st["drafted"] > 0 and st["accepted"] == st["drafted"]
+    assert st["mode"] == "eagle3-lookup" and st["drafted"] > 0 and st["accepted"] == st["drafted"]
     assert got["tokens"] == plain["tokens"]
     rc, out, err = specli("check", target, head, env=env)
     assert rc == 0, err
@@ -229,3 +233,37 @@ def test_cli_draft_eagle3_head_and_check(eagle, smol_gguf, tmp_path):
     assert rc == 1 and "draft: a DFlash head (llama.cpp draft-dflash)" in out and "does not draft with dflash" in err
     rc, out, err = specli("run", "--target", target, "--draft", str(dflash), "--raw", "--prompt", "hi", env=env)
     assert rc != 0 and err.count("\n") == 1 and "is a DFlash head" in err
+
+
+def test_eagle3_drafts_under_a_constraint_as_the_grammar_masks(eagle):
+    """The EAGLE-3 drafter is the MTP drafter one position behind, its guide included: under a
+    regex its greedy drafts are masked by the grammar as the target's rows are, so the full head's
+    drafts are all kept, and the output is plain constrained decoding's."""
+    target_path, head_path = eagle("full")
+    model, head = Model(target_path), Model(head_path)
+    constraint = Constraint.regex(EMAIL)
+    prompt = model.tokenize(PROMPTS[0])
+    plain = generate(Context(model, cfg(0)), prompt, NoDrafter(), SamplingParams(), 40, 4, constraint=constraint)
+    c = Context(model, cfg(0))
+    d = eagle3_drafter(c, head, cfg(0))
+    resp = generate(c, prompt, d, SamplingParams(), 40, 4, constraint=constraint)
+    assert [t for ch in resp for t in ch.tokens] == [t for ch in plain for t in ch.tokens]
+    assert d.guide is not None  # the loop's guide reached the head's drafting
+    st = resp.stats
+    assert st.drafted > 0 and st.accepted == st.drafted, (st.drafted, st.accepted)
+    d.close()
+
+
+def test_export_names_the_head_as_llama_server_drafts_with_it(eagle, halves, tmp_path):
+    """``specli export`` of a head: llama-server's draft model is the head's file, its
+    --spec-type the head's (draft-eagle3, draft-mtp); engines that load safetensors refuse it."""
+    env = {**_env(tmp_path), "SPECLI_VRAM": "0"}
+    for (target, head), kind in ((eagle("full"), "draft-eagle3"), (halves("full"), "draft-mtp")):
+        rc, out, err = specli("export", "--target", target, "--draft", head, "--to", "llama-server", env=env)
+        assert rc == 0, err
+        cmd = shlex.split(out.splitlines()[-1])
+        assert cmd[cmd.index("-m") + 1] == target and cmd[cmd.index("-md") + 1] == head
+        assert cmd[cmd.index("--spec-type") + 1] == f"ngram-simple,{kind}"
+        rc, out, err = specli("export", "--target", target, "--draft", head, "--to", "vllm", "--hf-target", "o/t",
+                              env=env)
+        assert rc == 1 and err.count("\n") == 1 and "cannot load a GGUF drafting head" in err
