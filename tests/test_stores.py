@@ -422,7 +422,7 @@ def test_every_command_takes_store_references(pair_home, tmp_path):
     suite = tmp_path / "s.yaml"
     suite.write_text("prompts:\n  - id: one\n    text: Hello there\n")
     rc, out, err = specli("bench", "--target", "ollama:tiny-big", "--suite", str(suite), "-n", "8",
-                          "--modes", "plain,hybrid", "--json", env=env)
+                          "--modes", "none,hybrid", "--json", env=env)
     assert rc == 0 and "found on disk" in err, err
     assert json.loads(out)["modes"]["hybrid"]["lossless"] == {"one": "identical"}
     import sys
