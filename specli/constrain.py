@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specli.errors import SpecliError
-from specli.speculate.drafters import Draft, Drafter, Source
+from specli.speculate.drafters import FORCED, Draft, Drafter
 
 try:
     import llguidance
@@ -248,7 +248,6 @@ class _Masks:
         return self.rows[i]
 
 
-FORCED = Source("forced")
 
 
 class ForcedDrafter(Drafter):
@@ -277,30 +276,27 @@ class ForcedDrafter(Drafter):
     def propose(self, context: Sequence[int], max_len: int) -> Draft:
         self._ours = False
         forced = self.guide.forced(max_len) if self.guide is not None else []
-        ctl = getattr(self.inner, "ctl", None)
-        if forced and ctl is not None:
-            k = ctl.decide({FORCED: len(forced)}, k_cap=max_len).k
-            forced = forced[:k]
+        if forced:
+            forced = forced[:self.inner.forced(len(forced), max_len)]
         if not forced:
             return self.inner.propose(context, max_len)
         self._ours = True
         toks = list(forced)
-        lookup = getattr(self.inner, "lookup", None)
-        if lookup is not None and len(toks) < max_len:
-            more = lookup.continuation(context, toks, max_len - len(toks), self.continue_min)
-            toks += more.tokens
+        if len(toks) < max_len:
+            toks += self.inner.continuation(context, toks, max_len - len(toks), self.continue_min)
         return Draft(toks, FORCED, [1.0] * len(forced))
 
     def observe(self, draft: Draft, n_accepted: int, emitted: list[int], t_draft: float, t_verify: float) -> None:
-        if not self._ours:
+        if self._ours:
+            self.inner.observe_forced(draft, len(draft.confidence), n_accepted, emitted, t_draft, t_verify)
+        else:
             self.inner.observe(draft, n_accepted, emitted, t_draft, t_verify)
-            return
-        ctl = getattr(self.inner, "ctl", None)
-        if ctl is not None:
-            n_forced = len(draft.confidence)
-            ctl.cost.observe_verify(len(draft.tokens), t_verify)
-            ctl.observe_step(len(emitted), t_draft + t_verify)
-            ctl.observe(FORCED, n_forced, min(n_accepted, n_forced))
+
+    def repair(self) -> None:
+        self.inner.repair()
+
+    def plain_rate(self) -> float | None:
+        return self.inner.plain_rate()
 
     def close(self) -> None:
         self.inner.close()

@@ -411,7 +411,30 @@ def constraint_for(tools: list[Tool], choice: str | dict, fmt: Format, special: 
     return Constraint.lark(fmt.grammar(tools, forced=choice == "required", parallel=parallel, special=special))
 
 
-class ToolStream:
+class OpeningStream:
+    """Content sent as it comes until a tool call opens: text that may be the opening of one
+    is held back until the next text decides (the base of :class:`ToolStream` and of the
+    Ollama API's whole-call stream)."""
+
+    def __init__(self, fmt: Format):
+        self.fmt, self.buf, self.opened = fmt, "", False
+
+    def content(self, text: str) -> str:
+        """Take ``text``; the content that is safe to send now (up to a call's opening, after
+        which ``opened`` is set and the rest waits in ``buf``)."""
+        self.buf += text
+        if self.opened:
+            return ""
+        i = self.fmt.opening(self.buf)
+        if i is None:
+            keep = len(self.buf) - self.fmt.could_open(self.buf)
+            out, self.buf = self.buf[:keep], self.buf[keep:]
+            return out
+        out, self.buf, self.opened = self.buf[:i], self.buf[i:], True
+        return out
+
+
+class ToolStream(OpeningStream):
     """A streamed answer split into content, sent as it comes (text that may open a call is
     held back until the next text decides), and tool calls, streamed as OpenAI streams them:
     a delta ``{index, id, type, function: {name, arguments: ""}}`` once the call's name is
@@ -419,20 +442,15 @@ class ToolStream:
     call's closing held back). Mistral's calls, a JSON list, are sent once the list is complete."""
 
     def __init__(self, fmt: Format):
-        self.fmt, self.buf, self.opened, self.n_calls = fmt, "", False, 0
+        super().__init__(fmt)
+        self.n_calls = 0
         self.cur: tuple[int, int, str] | None = None  # the call being streamed: index, arguments' start, sent
 
     def feed(self, text: str) -> tuple[str, list[dict]]:
         """The content to send now, and the tool-call deltas."""
-        self.buf += text
-        out = ""
+        out = self.content(text)
         if not self.opened:
-            i = self.fmt.opening(self.buf)
-            if i is None:
-                keep = len(self.buf) - self.fmt.could_open(self.buf)
-                out, self.buf = self.buf[:keep], self.buf[keep:]
-                return out, []
-            out, self.buf, self.opened = self.buf[:i], self.buf[i:], True
+            return out, []
         deltas: list[dict] = []
         while True:
             if self.cur is None:

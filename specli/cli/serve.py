@@ -1,4 +1,4 @@
-"""specli serve: the OpenAI-compatible HTTP server."""
+"""specli serve: the HTTP server, OpenAI's API and Ollama's on one port."""
 
 from __future__ import annotations
 
@@ -34,7 +34,10 @@ Examples:
 
   SPECLI_API_KEY=secret specli serve --profile default --host 0.0.0.0
 
-Then point any OpenAI client at http://127.0.0.1:8000/v1 (curl, openai-python, ...).
+  specli serve --profile default --port 11434      # where Ollama's clients look
+
+Then point any OpenAI client at http://127.0.0.1:8000/v1 (curl, openai-python, ...), or any
+Ollama client at http://127.0.0.1:8000 (ollama-python, OLLAMA_HOST=127.0.0.1:8000, ...).
 """
 
 
@@ -48,13 +51,14 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (beyond loopback needs --api-key)."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on."),
     api_key: str | None = typer.Option(None, "--api-key", envvar="SPECLI_API_KEY", show_envvar=True,
-                                          help="Require 'Authorization: Bearer KEY' on /v1 requests."),
+                                          help="Require 'Authorization: Bearer KEY' on /v1 and /api requests."),
     queue: int = typer.Option(8, "--queue", min=0,
                               help="Requests that may wait behind the one generating; more get 503."),
     name: str | None = typer.Option(None, "--name",
                                        help="Model name in /v1/models (default: the profile or GGUF file name)."),
-    temp: float = typer.Option(1.0, "--temp", min=0.0, max=2.0,
-                               help="Temperature for requests that give none (OpenAI's default, 1)."),
+    temp: float | None = typer.Option(None, "--temp", min=0.0, max=2.0,
+                                         help="Temperature for requests that give none "
+                                              "(default: each API's own, OpenAI's 1, Ollama's 0.8)."),
     draft_max: int = DRAFT_MAX_OPTION,
     draft_p_min: float = DRAFT_P_MIN_OPTION,
     adaptive: bool = ADAPTIVE_OPTION,
@@ -67,7 +71,8 @@ def serve(
     log_level: str = typer.Option("warning", "--log-level",
                                   help="uvicorn's log level: warning, info (one line per request), debug, ..."),
 ):
-    """Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions)."""
+    """Serve the model over OpenAI's HTTP API (/v1/chat/completions, /v1/completions) and Ollama's
+    (/api/chat, /api/generate) on one port."""
     try:
         from specli.serve.app import create_app
         from specli.serve.runner import (
@@ -100,7 +105,8 @@ def serve(
 
         def ready(server) -> None:
             err(f"serving {api.state.model_ids[0]} (drafter: {sess.drafter.name}) on "
-                f"http://{shown}:{bound_port(server)}/v1" + (" (API key required)" if api_key else "")
+                f"http://{shown}:{bound_port(server)}/v1 (OpenAI) and /api (Ollama)"
+                + (" (API key required)" if api_key else "")
                 + "; Ctrl-C stops")
 
         server = make_server(api, host, port, log_level, on_ready=ready)

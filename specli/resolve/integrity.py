@@ -79,12 +79,17 @@ def remember(path: str | os.PathLike, sha256: str) -> None:
 
 def cached_sha256(path: str | os.PathLike) -> str:
     """The SHA-256 of a file, hashed once per version (remembered like a verified file)."""
-    known = _load().get(file_key(path))
+    known = known_sha256(path)
     if known:
         return known
     digest = sha256_of(path)
     remember(path, digest)
     return digest
+
+
+def known_sha256(path: str | os.PathLike) -> str | None:
+    """The SHA-256 recorded for ``path`` as it is now, or None (never hashed, or changed since)."""
+    return _load().get(file_key(path))
 
 
 def problem(path: str | os.PathLike, sha256: str | None = None, size: int | None = None) -> str | None:
@@ -98,7 +103,7 @@ def problem(path: str | os.PathLike, sha256: str | None = None, size: int | None
         return f"{st.st_size:,} bytes, expected {size:,}"
     if not sha256:
         return None
-    if _load().get(file_key(path)) == sha256:
+    if known_sha256(path) == sha256:
         return None
     digest = sha256_of(path)
     if digest != sha256:

@@ -103,9 +103,11 @@ def model_ids(session: Session, name: str | None = None) -> list[str]:
 
 
 def create_app(session: Session, name: str | None = None, api_key: str | None = None,
-               queue: int = 8, temperature: float = 1.0) -> FastAPI:
-    """The API over ``session`` (the caller closes it). ``temperature`` is what a request
-    that gives none gets (OpenAI's default is 1)."""
+               queue: int = 8, temperature: float | None = None) -> FastAPI:
+    """The API over ``session`` (the caller closes it): OpenAI's under /v1, Ollama's under
+    /api. ``temperature`` is what a request that gives none gets (None: each API's own
+    default, OpenAI's 1 and Ollama's 0.8)."""
+    from specli.serve.ollama import make_router
     worker = Worker(session, queue)
     prompter = Prompter(session)
     ids = model_ids(session, name)
@@ -127,6 +129,8 @@ def create_app(session: Session, name: str | None = None, api_key: str | None = 
     app.state.worker, app.state.session, app.state.model_ids = worker, session, ids
     _error_handlers(app)
     auth = [Depends(authorized)]
+    app.include_router(make_router(session, worker, prompter, ids, auth, temperature))
+    temperature = 1.0 if temperature is None else temperature  # OpenAI's default, for /v1
 
     @app.get("/health")
     async def health() -> dict:

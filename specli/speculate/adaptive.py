@@ -13,6 +13,7 @@ from specli.speculate.controller import (
     marginal_token_pays,
 )
 from specli.speculate.drafters import (
+    FORCED,
     MODEL,
     NONE,
     Draft,
@@ -175,6 +176,21 @@ class AdaptiveDrafter(Drafter):
         """The controller's measured cost of a one-token pass, as tokens/s."""
         v0 = self.ctl.cost.verify[0]
         return 1.0 / v0 if v0 > 0 else None
+
+    def forced(self, n: int, max_len: int) -> int:
+        return self.ctl.decide({FORCED: n}, k_cap=max_len).k
+
+    def continuation(self, context: Sequence[int], head: Sequence[int], max_len: int, min_match: int) -> list[int]:
+        if self.lookup is None:
+            return []
+        return self.lookup.continuation(context, head, max_len, min_match).tokens
+
+    def observe_forced(self, draft: Draft, n_forced: int, n_accepted: int, emitted: list[int],
+                       t_draft: float, t_verify: float) -> None:
+        ctl = self.ctl
+        ctl.cost.observe_verify(len(draft.tokens), t_verify)
+        ctl.observe_step(len(emitted), t_draft + t_verify)
+        ctl.observe(FORCED, n_forced, min(n_accepted, n_forced))
 
     def observe(self, draft: Draft, n_accepted: int, emitted: list[int], t_draft: float, t_verify: float) -> None:
         ctl = self.ctl

@@ -43,6 +43,7 @@ class Source:
 
 
 NONE, LOOKUP, MODEL, MTP = Source("none"), Source("lookup"), Source("model"), Source("mtp")
+FORCED = Source("forced")  # tokens a constraint's grammar forces next (specli.constrain.ForcedDrafter)
 
 LOOKUP_BUCKETS = (2, 4, 8, 16)  # match lengths; the buckets below 0 are kinds of match, not lengths
 AMBIGUOUS = -1  # a match the context has gone on from in more than one way
@@ -108,6 +109,22 @@ class Drafter:
         """Tokens/s of a plain target step as this drafter has measured it (refreshed by the
         steps it has seen); None for a drafter that measures nothing."""
         return None
+
+    def forced(self, n: int, max_len: int) -> int:
+        """How many of the ``n`` tokens a constraint forces next are worth drafting in a block
+        of at most ``max_len`` (:class:`specli.constrain.ForcedDrafter`): all of them, unless
+        the drafter prices its steps."""
+        return n
+
+    def continuation(self, context: Sequence[int], head: Sequence[int], max_len: int, min_match: int) -> list[int]:
+        """Up to ``max_len`` tokens that copy on from the context after ``context + head``
+        (prompt lookup), where the drafter has lookup; none by default."""
+        return []
+
+    def observe_forced(self, draft: Draft, n_forced: int, n_accepted: int, emitted: list[int],
+                       t_draft: float, t_verify: float) -> None:
+        """After a step that drafted ``n_forced`` forced tokens (then maybe a copy): what it
+        cost, and how many of them the target kept, for a drafter that learns them."""
 
     def close(self) -> None:
         pass
