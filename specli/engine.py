@@ -386,17 +386,26 @@ class Context:
             self.listeners.remove(listener)
 
     # -- MTP (NextN) layers -----------------------------------------------------------------
-    def mtp_context(self, cfg: ContextConfig) -> Context:
-        """A context of type MTP over this context's model, reading this one's state
-        (llama.cpp's ``draft-mtp``). From now on this context exports a hidden row for every
-        token it decodes (:meth:`hidden_rows`), the MTP context one where logits are asked
-        (:meth:`hidden_row`). llama.cpp aborts the process on misuse, so the preconditions are
-        checked here first."""
+    def mtp_context(self, cfg: ContextConfig, head: Model | None = None) -> Context:
+        """A context of type MTP over this context's model (or over ``head``, an MTP-only
+        sidecar GGUF of this model: llama.cpp's ``draft-mtp`` with a separate model), reading
+        this one's state (llama.cpp's ``draft-mtp``). From now on this context exports a hidden
+        row for every token it decodes (:meth:`hidden_rows`), the MTP context one where logits
+        are asked (:meth:`hidden_row`). llama.cpp aborts the process on misuse, so the
+        preconditions are checked here first."""
+        model = head or self.model
         if not mtp_available():
             raise SpecliError("this llama-cpp-python has no MTP support (llama_cpp_ext nextn functions)")
-        if self.model.n_mtp_layers <= 0:
-            raise SpecliError(f"{self.model.name} has no MTP layers loaded (converted without its MTP block?)")
-        mtp = Context(self.model, replace(cfg, n_rs_seq=0), ctx_type=L.LLAMA_CONTEXT_TYPE_MTP, other=self)
+        if model.n_mtp_layers <= 0:
+            raise SpecliError(f"{model.name} has no MTP layers loaded (converted without its MTP block?)")
+        # a sidecar reads this model's hidden rows and speaks its vocabulary (llama.cpp asserts
+        # the first: "MTP input row width must match the target h_nextn width")
+        for what, mine, its in (("hidden size", self.model.n_embd, model.n_embd),
+                                ("vocabulary", self.model.n_vocab, model.n_vocab)):
+            if mine != its:
+                raise SpecliError(f"{model.name}: an MTP head for {what} {its}, the target's is {mine} "
+                                  "(a sidecar for another model)")
+        mtp = Context(model, replace(cfg, n_rs_seq=0), ctx_type=L.LLAMA_CONTEXT_TYPE_MTP, other=self)
         LX.llama_set_embeddings_nextn(self._ctx, True, False)  # a hidden row for every token decoded
         LX.llama_set_embeddings_nextn(mtp._ctx, True, True)  # rows only where logits are asked
         return mtp

@@ -57,12 +57,16 @@ class Pair:
     hf_draft: str | None = None
     notes: list[str] = field(default_factory=list)  # comment lines for the output
     mtp: bool = False  # the target drafts for itself through its multi-token-prediction layers
+    # a drafting head's file and llama.cpp's --spec-type for it: an MTP-only sidecar (draft-mtp)
+    # or an EAGLE-3 head (draft-eagle3)
+    head: str | None = None
+    head_type: str = ""
     no_repack: bool = False  # this CPU has AMX tiles: no weight repacking (specli.engine.extra_buffer_types)
 
     @property
     def drafts(self) -> bool:
-        """A drafter that costs a forward pass per token: a draft model or the MTP layers."""
-        return bool(self.draft_path) or self.mtp
+        """A drafter that costs a forward pass per token: a draft model, the MTP layers or a head."""
+        return bool(self.draft_path or self.head) or self.mtp
 
 
 @dataclass
@@ -130,9 +134,12 @@ def pair_for(opts, progress: Callable[[str], None] | None = None, hf_target: str
     lookup = draft.kind.entry.lookup or not (dpath or mtp)
     threads = opts.threads or os.cpu_count() or 1
     n_batch = min(512, n_ctx)
-    drafter = ("draft", dpath, dngl or 0) if dpath else ("mtp", tpath, tngl) if mtp else None
-    draft_n = _length(calibrate.measured_length(tpath, tngl, threads, n_batch, s.draft_max, drafter),
-                      "MTP draft length" if mtp else "draft length", notes) if drafter else 0
+    head = draft.head
+    # a head's cost is not measured per file yet: its length is specli's default
+    drafter = ("draft", dpath, dngl or 0) if dpath else ("mtp", tpath, tngl) if mtp and not head else None
+    measured = calibrate.measured_length(tpath, tngl, threads, n_batch, s.draft_max, drafter) if drafter else None
+    draft_n = _length(measured, "MTP draft length" if mtp else "draft length", notes) \
+        if dpath or mtp or head else 0
     lookup_n = _length(calibrate.measured_length(tpath, tngl, threads, n_batch, s.draft_max),
                        "prompt-lookup length", notes) if lookup else 0
     tspec = prof.target.sources if prof and not opts.target else (given_target,)
@@ -142,6 +149,7 @@ def pair_for(opts, progress: Callable[[str], None] | None = None, hf_target: str
                 _hub_of(tspec), _hub_of(dspec) if dpath else None,
                 hf_target or (prof.hf_target if prof else None),
                 hf_draft or (prof.hf_draft if auto_model and dpath else None), notes, mtp,
+                head, ("draft-eagle3" if draft.eagle3 else "draft-mtp") if head else "",
                 no_repack=not extra_buffer_types())
 
 
@@ -173,12 +181,15 @@ def llama_server(p: Pair, port: int, use_hub: bool = False) -> Export:
     if p.draft_path:
         cmd += _model_args(p.draft_path, p.draft_hub, use_hub, ("-md", "-hfd"))
         types.append("draft-simple")
+    elif p.head:  # the head's file as the draft model, drafting as its type says
+        cmd += ["-md", p.head]
+        types.append(p.head_type)
     elif p.mtp:
         types.append("draft-mtp")  # the target's own MTP layers: no second file
     cmd += ["-c", str(p.n_ctx), "-ngl", _layers(p.target_gpu_layers)]
     cmd += ["--spec-type", ",".join(types)]
-    if p.draft_path:
-        cmd += ["--spec-draft-ngl", _layers(p.draft_gpu_layers)]
+    if p.draft_path or p.head:
+        cmd += ["--spec-draft-ngl", _layers(p.draft_gpu_layers if p.draft_path else p.target_gpu_layers)]
     if p.drafts:
         cmd += ["--spec-draft-n-max", str(p.draft_n), "--spec-draft-p-min", f"{p.p_min:g}"]
     if p.lookup:
@@ -208,6 +219,9 @@ def llama_server(p: Pair, port: int, use_hub: bool = False) -> Export:
 # -- vLLM and SGLang (safetensors) -----------------------------------------------------------
 
 def _need_hf(p: Pair, engine: str, flag_hint: str) -> None:
+    if p.head:
+        raise SpecliError(f"{engine} cannot load a GGUF drafting head ({os.path.basename(p.head)}): export "
+                          "--engine llama-server, or --draft lookup")
     if not p.hf_target:
         raise SpecliError(f"{engine} loads Hugging Face safetensors repos, not GGUF files: give "
                           f"--hf-target ORG/REPO{flag_hint}, or use a profile that names them (hf_target:)")

@@ -15,12 +15,21 @@ from specli.hardware.devices import Hardware, detect
 from specli.hardware.plan import Plan, available_ram, check_host_memory, make_plan, memory_from_header
 from specli.prompt import build_prompt
 from specli.resolve import hub, models, profiles, vocab
-from specli.resolve.gguf_header import MTP_ARCHITECTURES, read_gguf, vocab_from_header
+from specli.resolve.gguf_header import (
+    HEAD_EAGLE3,
+    HEAD_MTP_ONLY,
+    HEAD_NAMES,
+    MTP_ARCHITECTURES,
+    head_fit,
+    read_gguf,
+    vocab_from_header,
+)
 from specli.resolve.local import draft_on_disk, profile_for
 from specli.resolve.profiles import ModelSpec, Profile
 from specli.speculate import registry
 from specli.speculate.adaptive import lookup_drafter
 from specli.speculate.drafters import Drafter, LookupDrafter, ModelDrafter, NoDrafter, PaidDrafter
+from specli.speculate.heads import Eagle3Drafter, eagle3_context
 from specli.speculate.loop import Response, Stats, check_prompt_fits, generate
 from specli.speculate.mtp import MTPDrafter
 from specli.speculate.registry import DraftKind, DraftMode, available, mode_for, with_lookup
@@ -54,6 +63,9 @@ class DraftPlan:
 
     mode: DraftMode
     draft_path: str | None = None  # the draft model's file, where the mode drafts with one
+    # a drafting head's file: an MTP-only sidecar (the MTP kinds draft with its layers) or an
+    # EAGLE-3 head (the EAGLE3 kinds)
+    head: str | None = None
 
     @property
     def kind(self) -> DraftKind:
@@ -61,8 +73,18 @@ class DraftPlan:
 
     @property
     def mtp(self) -> bool:
-        """The target's own MTP layers draft: the target loads them."""
+        """MTP layers draft: the target's own, or an MTP-only head's (``head``)."""
         return self.kind.entry.paid is DraftKind.MTP
+
+    @property
+    def loads_mtp(self) -> bool:
+        """The target's own MTP layers draft: the target loads them."""
+        return self.mtp and self.head is None
+
+    @property
+    def eagle3(self) -> bool:
+        """An EAGLE-3 head (``head``) drafts."""
+        return self.kind.entry.paid is DraftKind.EAGLE3
 
     def placed(self, plan: Plan) -> DraftPlan:
         """This plan as the hardware plan places it: where the GPU cannot hold the draft model
@@ -70,11 +92,13 @@ class DraftPlan:
         kind = DraftKind(plan.draft)
         if kind is self.kind:
             return self
-        return DraftPlan(mode_for(kind, self.mode.adaptive), self.draft_path if kind.entry.paid else None)
+        paid = kind.entry.paid is not None
+        return DraftPlan(mode_for(kind, self.mode.adaptive), self.draft_path if paid else None,
+                         self.head if paid else None)
 
     def modes(self) -> list[DraftMode]:
         """Every mode a session of this plan can build (bench compares them)."""
-        return available(model=bool(self.draft_path), mtp=self.mtp)
+        return available(model=bool(self.draft_path), mtp=self.mtp, eagle3=self.eagle3)
 
 
 def plan_for(opts: Options, target_path: str, draft: DraftPlan) -> tuple[Plan, Hardware, int]:
@@ -150,12 +174,35 @@ def choose_models(opts: Options, progress: Callable[[str], None] | None = None
     if dspec is not None:
         th, dh = models.header_of_spec(tspec), models.header_of_spec(dspec)
         vocab.ensure_compatible(vocab_from_header(th), vocab_from_header(dh))
+        if dh.head_kind:
+            source = _head_drafter(dspec.ref, th, dh, notes)
     tpath = models.resolve_spec(tspec, progress, notes)
     dpath = models.resolve_spec(dspec, progress, notes) if dspec else None
+    head = None
+    if source is not DraftKind.MODEL:  # a drafting head, not a draft model
+        head, dpath = dpath, None
     apply_profile_defaults(opts, prof)
     s = opts.spec
     kind = DraftKind.NONE if s.draft_max == 0 else with_lookup(source, s.hybrid)
-    return tpath, DraftPlan(mode_for(kind, s.adaptive), dpath), prof
+    return tpath, DraftPlan(mode_for(kind, s.adaptive), dpath, head), prof
+
+
+def _head_drafter(ref: str, th, dh, notes: list[str]) -> DraftKind:
+    """What a trained drafting head (``dh.head_kind``) drafts as, once it is checked to fit the
+    target; a head that does not fit, or of a kind specli cannot drive, is one line."""
+    kind = dh.head_kind
+    if kind not in (HEAD_MTP_ONLY, HEAD_EAGLE3):
+        raise SpecliError(f"{ref} is {HEAD_NAMES[kind]}; specli does not draft with {kind} heads "
+                          "(see docs/models.md); use --draft mtp, a draft model or lookup")
+    bad = [f"{rule}: {detail}" for ok, rule, detail in head_fit(th, dh) if not ok]
+    if bad:
+        raise SpecliError(f"{ref} is {HEAD_NAMES[kind]} built for another target ({'; '.join(bad)})")
+    if kind == HEAD_EAGLE3:
+        notes.append(f"{os.path.basename(ref)} is {HEAD_NAMES[kind]}: drafting with it, fed the target's "
+                     f"layers {dh.target_layers}")
+        return DraftKind.EAGLE3
+    notes.append(f"{os.path.basename(ref)} is {HEAD_NAMES[kind]}: drafting with its MTP layers")
+    return DraftKind.MTP
 
 
 def _no_mtp(ref: str, th) -> str:
@@ -234,7 +281,7 @@ class Session:
         # the part of the target left on the CPU must fit in host memory: refuse before loading
         check_host_memory(memory_from_header(read_gguf(target_path), name=os.path.basename(target_path)),
                           self.target_gpu_layers, plan_ctx, *available_ram())
-        self.target = Model(target_path, n_gpu_layers=self.target_gpu_layers, load_mtp=self.draft.mtp)
+        self.target = Model(target_path, n_gpu_layers=self.target_gpu_layers, load_mtp=self.draft.loads_mtp)
         n_ctx = min(opts.n_ctx, self.target.n_ctx_train) if opts.n_ctx > 0 else self.target.n_ctx_train
         if "ctx" in opts.given and opts.n_ctx > n_ctx:
             opts.notes.append(f"--ctx {opts.n_ctx} is more than {self.target.name} was trained for: "
@@ -248,6 +295,7 @@ class Session:
                    else "state checkpoints")
             opts.notes.append(f"{self.target.name} is a hybrid/recurrent model: rejected drafts roll back by {how}")
         self.draft_model: Model | None = None
+        self.head_model: Model | None = None  # a drafting head (MTP-only or EAGLE-3), loaded on first use
         self._paid: dict[DraftKind, PaidDrafter] = {}  # the draft model's and the MTP layers' drafters, shared
         self._verify_costs: list[float] | None = None
         # bench makes its own drafters, one per mode and run
@@ -268,10 +316,13 @@ class Session:
         return lookup_drafter(self.opts.spec)
 
     def paid(self, kind: DraftKind) -> PaidDrafter:
-        """The draft model's drafter (``MODEL``) or the target's MTP layers' (``MTP``), made on
-        first use and shared by every drafter the session builds."""
+        """The draft model's drafter (``MODEL``), the MTP layers' (``MTP``: the target's own or an
+        MTP-only head's) or the EAGLE-3 head's (``EAGLE3``), made on first use and shared by every
+        drafter the session builds."""
         if kind not in self._paid:
-            self._paid[kind] = self._model_drafter() if kind is DraftKind.MODEL else self._mtp_drafter()
+            make = {DraftKind.MODEL: self._model_drafter, DraftKind.MTP: self._mtp_drafter,
+                    DraftKind.EAGLE3: self._eagle3_drafter}[kind]
+            self._paid[kind] = make()
         return self._paid[kind]
 
     def _model_drafter(self) -> ModelDrafter:
@@ -282,12 +333,26 @@ class Session:
         vocab.ensure_compatible(self.target.vocab_info(), self.draft_model.vocab_info())
         return ModelDrafter(self.draft_model, self.cfg, p_min=self.opts.spec.draft_p_min)
 
+    def _head(self) -> Model:
+        """The drafting head's model, placed as the target is."""
+        if self.head_model is None:
+            if not self.draft.head:
+                raise SpecliError("no drafting head: name one with --draft HEAD")
+            self.head_model = Model(self.draft.head, n_gpu_layers=self.target_gpu_layers, load_mtp=True)
+        return self.head_model
+
     def _mtp_drafter(self) -> MTPDrafter:
         # feeding the MTP layers is part of every target pass from now on; the cached verify
         # curve may have been measured without it: real steps correct it (CostModel)
-        mtp = MTPDrafter(self.ctx, self.ctx.mtp_context(self.cfg), p_min=self.opts.spec.draft_p_min)
+        head = self._head() if self.draft.head else None  # an MTP-only sidecar, else the target's own layers
+        mtp = MTPDrafter(self.ctx, self.ctx.mtp_context(self.cfg, head), p_min=self.opts.spec.draft_p_min)
         self.ctx.listen(mtp, replay=True)  # fed by every target decode, the cached tokens first
         return mtp
+
+    def _eagle3_drafter(self) -> Eagle3Drafter:
+        d = Eagle3Drafter(self.ctx, eagle3_context(self.ctx, self._head(), self.cfg), p_min=self.opts.spec.draft_p_min)
+        self.ctx.listen(d, replay=True)  # fed the target's layer rows of every decode, the cached tokens first
+        return d
 
     def verify_costs(self) -> list[float]:
         """The target's verify cost curve on this machine (calibrated once, cached)."""
@@ -367,5 +432,6 @@ class Session:
             shared.close()
         self.ctx.close()
         self.target.close()
-        if self.draft_model:
-            self.draft_model.close()
+        for m in (self.draft_model, self.head_model):
+            if m:
+                m.close()

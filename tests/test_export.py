@@ -79,6 +79,8 @@ HUB_D = hub.parse_hub_ref("Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF/qwen2.5-coder-0
     (pair(draft_path=None), False),
     (pair(target_gpu_layers=12, draft_gpu_layers=0, threads=4), False),
     (pair(target_hub=HUB_T, draft_hub=HUB_D), True),
+    (pair(draft_path=None, mtp=True, head="side.gguf", head_type="draft-mtp"), False),
+    (pair(draft_path=None, head="eagle3.gguf", head_type="draft-eagle3"), False),
     (pair(no_repack=True), False),
 ])
 def test_every_llama_server_flag_is_declared_by_the_vendored_llama_cpp(vendored, p, use_hub):
@@ -204,8 +206,10 @@ def test_profiles_name_the_pair_as_safetensors(monkeypatch, tmp_path):
 
     monkeypatch.setenv("SPECLI_CONFIG_DIR", str(tmp_path))
     shipped = profiles.load_all()
-    # every shipped pair with a draft model (vLLM and SGLang cannot load a GGUF draft)
-    assert all(p.hf_target and p.hf_draft for p in shipped.values() if p.draft_models)
+    # every shipped pair with a draft model (vLLM and SGLang cannot load a GGUF draft); a drafting
+    # head's GGUF (qwen3-next's MTP-only sidecar) is exported to llama-server only
+    heads = {"qwen3-next-80b-a3b"}
+    assert all(p.hf_target and p.hf_draft for p in shipped.values() if p.draft_models and p.name not in heads)
     assert (shipped["default"].hf_target, shipped["default"].hf_draft) == (
         "Qwen/Qwen2.5-Coder-1.5B-Instruct", "Qwen/Qwen2.5-Coder-0.5B-Instruct")
     p = profiles.parse_profile("name: x\ntarget: a.gguf\nhf_target: org/t\n", "x.yaml")

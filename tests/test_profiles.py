@@ -150,8 +150,8 @@ def test_drafts_may_name_mtp_or_lookup():
         profiles.parse_profile("name: q\ntarget: a/B-GGUF:Q4_K_M\ndrafts:\n  - sources:\n      - mtp\n", "q.yaml")
 
 
-# the 2026 families: MTP where the family ships MTP layers, else prompt lookup
-NEW_FAMILIES = {"qwen3.5-9b": "mtp", "qwen3.5-27b": "mtp", "qwen3.5-35b-a3b": "mtp", "qwen3-next-80b-a3b": "mtp",
+# the 2026 families: MTP where the family ships MTP layers (qwen3-next: in an MTP-only sidecar file), else lookup
+NEW_FAMILIES = {"qwen3.5-9b": "mtp", "qwen3.5-27b": "mtp", "qwen3.5-35b-a3b": "mtp", "qwen3-next-80b-a3b": "model",
                 "glm-4.5-air": "mtp", "lfm2-8b-a1b": "lookup", "granite-4.0-h-small": "lookup",
                 "nemotron-3-nano-30b-a3b": "lookup"}
 

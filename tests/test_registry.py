@@ -10,6 +10,7 @@ import typer
 from clihelp import specli
 from conftest import TEST_CACHE
 from tiny2026 import tiny_2026_model
+from tinyheads import tiny_head_model
 
 from specli.cli.common import app
 from specli.errors import SpecliError
@@ -33,7 +34,7 @@ def _tokens(sess: Session, mode) -> tuple[list[int], str]:
 def test_every_kind_has_an_entry_and_every_mode_a_name():
     assert set(registry.REGISTRY) == set(DraftKind)
     assert list(MODES) == ["none", "lookup", "lookup-fixed", "model", "hybrid", "model-fixed",
-                           "mtp", "mtp-lookup", "mtp-fixed"]
+                           "mtp", "mtp-lookup", "mtp-fixed", "eagle3", "eagle3-lookup", "eagle3-fixed"]
     assert all(registry.mode(name).name == name for name in MODES)
     # --fixed on a kind with two sources drafts with its paid one alone; none has no length policy
     assert registry.mode_for(DraftKind.HYBRID, adaptive=False) == MODES["model-fixed"]
@@ -58,9 +59,16 @@ def test_every_mode_builds_and_keeps_the_target_text(tiny_target, tiny_draft, sm
     mtp_target = str(tiny_2026_model(TEST_CACHE, smol_gguf, "qwen35-mtp-full"))
     pair = Session(Options(target=tiny_target, draft=tiny_draft), build_drafter=False)
     mtp = Session(Options(target=mtp_target, draft="mtp", f32_kv=True), build_drafter=False)
+    # drafting heads in their own files: an MTP-only sidecar (the MTP modes) and an EAGLE-3 head
+    trunk, sidecar = (str(tiny_2026_model(TEST_CACHE, smol_gguf, f"qwen35-{k}-full")) for k in ("trunk", "mtp-only"))
+    side = Session(Options(target=trunk, draft=sidecar, f32_kv=True), build_drafter=False)
+    bigram, head = (str(tiny_head_model(TEST_CACHE, smol_gguf, k)) for k in ("bigram", "eagle3-full"))
+    eagle = Session(Options(target=bigram, draft=head, f32_kv=True), build_drafter=False)
     built = set()
     try:
-        for sess in (pair, mtp):
+        assert side.draft.head == sidecar and side.draft.mtp and not side.draft.loads_mtp
+        assert eagle.draft.head == head and eagle.draft.kind is DraftKind.EAGLE3_LOOKUP
+        for sess in (pair, mtp, side, eagle):
             plain, _ = _tokens(sess, "none")
             for m in sess.modes():
                 sess.prepare(m)
@@ -73,9 +81,10 @@ def test_every_mode_builds_and_keeps_the_target_text(tiny_target, tiny_draft, sm
             pair.drafter_for("mtp")
         assert isinstance(pair.paid(DraftKind.MODEL), PaidDrafter) and pair.paid(DraftKind.MODEL).token_cost() > 0
         assert isinstance(mtp.paid(DraftKind.MTP), PaidDrafter) and mtp.paid(DraftKind.MTP).token_cost() > 0
+        assert eagle.paid(DraftKind.EAGLE3).token_cost() > 0 and side.paid(DraftKind.MTP).token_cost() > 0
     finally:
-        pair.close()
-        mtp.close()
+        for sess in (pair, mtp, side, eagle):
+            sess.close()
 
 
 def test_the_plan_is_decided_once_and_never_written_into_the_options(tiny_target, tiny_draft):

@@ -422,7 +422,7 @@ def test_every_command_takes_store_references(pair_home, tmp_path):
     suite = tmp_path / "s.yaml"
     suite.write_text("prompts:\n  - id: one\n    text: Hello there\n")
     rc, out, err = specli("bench", "--target", "ollama:tiny-big", "--suite", str(suite), "-n", "8",
-                          "--modes", "plain,hybrid", "--json", env=env)
+                          "--modes", "none,hybrid", "--json", env=env)
     assert rc == 0 and "found on disk" in err, err
     assert json.loads(out)["modes"]["hybrid"]["lossless"] == {"one": "identical"}
     import sys
@@ -475,3 +475,28 @@ def test_a_file_with_a_profiles_pinned_sha256_gets_its_draft_and_settings(pair_h
         assert res["draft"] == draft_blob and res["settings"]["ctx"] == 1024 and res["settings"]["draft_max"] == 5
     # the renamed file was hashed once, into specli's cache, not into any store
     assert (pair_home / ".cache" / "specli" / "verified.json").exists()
+
+
+def test_draft_auto_takes_a_head_that_fits_and_skips_one_for_another_target(home, smol_gguf):
+    """Drafting heads on disk are not draft models: ``--draft auto`` takes one that fits the
+    target (checked from its header), says why it skips one built for another target, and
+    ``specli pairs`` does not offer either as a draft model."""
+    from tinyheads import tiny_head_model
+
+    target = str(tiny_head_model(TEST_CACHE, smol_gguf, "bigram"))
+    fits = str(tiny_head_model(TEST_CACHE, smol_gguf, "eagle3-full"))
+    other = str(tiny_head_model(TEST_CACHE, smol_gguf, "eagle3-full", target_hidden=4096, layers=(2, 20, 40)))
+    oll = home / ".ollama" / "models"
+    ollama_model(oll, "bigram:latest", target)
+    ollama_model(oll, "other-head:latest", other)
+    link(fits, home / ".lmstudio" / "models" / "pub" / "Head-GGUF" / "eagle3.gguf")
+    env = env_of(home)
+    res, err = run_json(env, "--target", "ollama:bigram", "--draft", "auto")
+    notes = [ln for ln in err.splitlines() if "--draft auto" in ln]
+    assert any("skipped" in ln and "built for another target (" in ln and "hidden size" in ln for ln in notes), err
+    assert any("eagle3.gguf), found on disk: an EAGLE-3 head" in ln and "fits this target" in ln for ln in notes), err
+    assert res["stats"]["mode"] == "eagle3-lookup"
+    plain, _ = run_json(env, "--target", "ollama:bigram", "--draft", "none")
+    assert plain["tokens"] == res["tokens"]
+    rc, out, err = specli("pairs", "ollama:bigram", env=env)
+    assert rc == 0 and "eagle3" not in out and "other-head" not in out, out

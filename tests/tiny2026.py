@@ -15,6 +15,15 @@ Kinds (``tiny_2026_model(cache, tokenizer_gguf, kind, **kw)``):
                          depends on the history) and a noisy MTP block: acceptance in between.
 * ``qwen35``             the partial trunk without the MTP block (no ``nextn_predict_layers`` key).
 * ``mamba``              pure recurrent Mamba-1 (``llama_model_is_recurrent`` is true).
+* ``qwen35-trunk-full`` / ``qwen35-trunk-partial``
+                         the trunk of ``qwen35-mtp-full`` / ``-partial`` without its MTP block (what a
+                         GGUF converted without the ``mtp.*`` tensors holds)
+* ``qwen35-mtp-only-full`` / ``qwen35-mtp-only-partial``
+                         the MTP block of the same model alone, as an MTP-only sidecar GGUF: same keys
+                         (``block_count = n_layer + 1``, ``nextn_predict_layers = 1``), ``token_embd``,
+                         ``output_norm``, ``output`` and ``blk.{n_layer}.*``, no ``blk.0.attn_norm``
+                         (llama.cpp's ``mtp_only`` test in ``src/models/qwen35.cpp``). The trunk and
+                         the sidecar of one mode together are the ``-mtp-`` model of that mode.
 
 Keys and tensor shapes follow llama.cpp's ``src/models/qwen35.cpp`` / ``src/models/mamba.cpp`` and
 ``src/llama-arch.cpp`` (the version vendored by llama-cpp-python 0.3.36). Shapes in comments are
@@ -34,7 +43,8 @@ from pathlib import Path
 import numpy as np
 from tinymodels import add_tokenizer, read_tokenizer
 
-KINDS = ("qwen35-mtp-full", "qwen35-mtp-partial", "qwen35", "mamba")
+KINDS = ("qwen35-mtp-full", "qwen35-mtp-partial", "qwen35", "mamba", "qwen35-trunk-full", "qwen35-trunk-partial",
+         "qwen35-mtp-only-full", "qwen35-mtp-only-partial")
 
 # bump when a construction changes, so cached files are rebuilt
 _VERSION = 5
@@ -80,7 +90,7 @@ def _write(out: Path, arch: str, tok: dict, kv: list[tuple[str, str, object]], t
 
 # --------------------------------------------------------------------------- qwen35
 
-def make_qwen35_gguf(out: Path, tokenizer_gguf: str, *, mode: str = "partial", mtp: bool = True,
+def make_qwen35_gguf(out: Path, tokenizer_gguf: str, *, mode: str = "partial", mtp: bool = True, part: str = "all",
                      seed: int = 0, n_layer: int = 2, full_attention_interval: int = 2,
                      d: int = 64, n_head: int = 4, n_head_kv: int = 2, head_dim: int = 16, ff: int = 128,
                      ssm_state: int = 16, ssm_groups: int = 2, ssm_heads: int = 4, conv_kernel: int = 4,
@@ -94,8 +104,10 @@ def make_qwen35_gguf(out: Path, tokenizer_gguf: str, *, mode: str = "partial", m
     exact copy + gaussian noise of relative size ``mtp_noise`` on its FFN and a ``mtp_h_scale``
     contribution of the hidden state through ``eh_proj``, and an MTP attention output scaled by
     ``mtp_attn_scale`` (so the draft context's own KV cache matters).
+    part "trunk": the model without its MTP block; "mtp": the MTP block alone (an MTP-only
+    sidecar); both are drawn as the whole model is, so they are its two halves.
     """
-    assert mode in ("full", "partial")
+    assert mode in ("full", "partial") and part in ("all", "trunk", "mtp")
     tok = read_tokenizer(tokenizer_gguf)
     n_vocab = len(tok["tokenizer.ggml.tokens"])
     rng = np.random.default_rng(seed)
@@ -176,6 +188,10 @@ def make_qwen35_gguf(out: Path, tokenizer_gguf: str, *, mode: str = "partial", m
         t[p + "nextn.hnorm.weight"] = np.ones(d, np.float32)
         # nextn.embed_tokens / shared_head_head / shared_head_norm are optional: tok_embd / output / output_norm
 
+    if part == "trunk":
+        mtp, t = False, {k: v for k, v in t.items() if not k.startswith(f"blk.{n_layer}.")}
+    elif part == "mtp":
+        t = {k: v for k, v in t.items() if not k.startswith("blk.") or k.startswith(f"blk.{n_layer}.")}
     kv = [
         ("u32", "context_length", n_ctx), ("u32", "embedding_length", d),
         ("u32", "block_count", n_layer + (1 if mtp else 0)), ("u32", "feed_forward_length", ff),
@@ -242,6 +258,9 @@ def _build(path: Path, tokenizer_gguf: str, kind: str, kw: dict) -> Path:
         return make_qwen35_gguf(path, tokenizer_gguf, mode="partial", mtp=True, **kw)
     if kind == "qwen35":
         return make_qwen35_gguf(path, tokenizer_gguf, mode="partial", mtp=False, **kw)
+    if kind.startswith(("qwen35-trunk-", "qwen35-mtp-only-")):
+        return make_qwen35_gguf(path, tokenizer_gguf, mode=kind.rsplit("-", 1)[1], mtp=True,
+                                part="trunk" if "-trunk-" in kind else "mtp", **kw)
     if kind == "mamba":
         return make_mamba_gguf(path, tokenizer_gguf, **kw)
     raise ValueError(f"unknown kind {kind!r}; expected one of {KINDS}")

@@ -158,7 +158,7 @@ def print_plan(opts) -> None:
     print(f"backend      {', '.join(hw.backends)} (GPU offload {'yes' if hw.can_offload else 'no'})")
     print(f"GPU budget   {budget}")
     print(f"context      {n_ctx} tokens")
-    for label, path in (("target", tpath), ("draft", asked.draft_path)):
+    for label, path in (("target", tpath), ("draft", asked.draft_path), ("head", asked.head)):
         if path:
             h = read_gguf(path)
             m = memory_from_header(h, name=label)
@@ -169,7 +169,8 @@ def print_plan(opts) -> None:
     layers = "all" if p.target_gpu_layers < 0 else str(p.target_gpu_layers)
     dl = "all" if p.draft_gpu_layers < 0 else str(p.draft_gpu_layers)
     print(f"plan         target layers on GPU: {layers}; drafter: {draft.mode}"
-          + (f" (draft layers on GPU: {dl})" if draft.draft_path else ""))
+          + (f" (draft layers on GPU: {dl})" if draft.draft_path else "")
+          + (f" (head: {os.path.basename(draft.head)}, placed as the target)" if draft.head else ""))
     print(f"why          {p.summary} [{p.branch}]")
 
 

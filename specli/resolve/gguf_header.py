@@ -106,6 +106,21 @@ LLAMA_ARCHITECTURES = frozenset({
     "mellum", "nanbeige", "qwen3tts", "pockettts"})
 
 
+# architectures whose graph exposes its layer inputs (res->t_layer_inp in src/models/*.cpp of the
+# vendored llama.cpp): the targets an EAGLE-3 or DFlash head can read (llama.cpp aborts otherwise)
+LAYER_INPUT_ARCHITECTURES = frozenset({
+    "llama", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "qwen4exp", "lfm2", "gpt-oss", "gemma4",
+    "deepseek4", "bailingmoe3", "nemotron_h", "minimax-01", "minimax-m2", "nanbeige", "hunyuan_vl", "mimo2",
+    "muse-glimmer"})
+
+# trained drafting heads (GGUFHeader.head_kind)
+HEAD_MTP_ONLY, HEAD_EAGLE3, HEAD_DFLASH = "mtp-only", "eagle3", "dflash"
+HEAD_NAMES = {HEAD_MTP_ONLY: "an MTP-only head (llama.cpp draft-mtp with a separate model)",
+              HEAD_EAGLE3: "an EAGLE-3 head (llama.cpp draft-eagle3)",
+              HEAD_DFLASH: "a DFlash head (llama.cpp draft-dflash)",
+              "dspark": "a DSpark head (llama.cpp draft-dspark)"}
+
+
 @dataclass
 class GGUFHeader:
     version: int
@@ -131,8 +146,34 @@ class GGUFHeader:
 
     @property
     def mtp_usable(self) -> bool:
-        """MTP layers that this llama.cpp can draft with (an MTP graph for the architecture)."""
-        return self.mtp_layers > 0 and self.architecture in MTP_ARCHITECTURES
+        """MTP layers that this llama.cpp can draft with (an MTP graph for the architecture) for
+        this file's own trunk (an MTP-only sidecar has none: it drafts for another file)."""
+        return self.mtp_layers > 0 and self.architecture in MTP_ARCHITECTURES and self.head_kind is None
+
+    def has_tensor(self, name: str) -> bool:
+        return any(t.name == name for t in self.tensors)
+
+    @property
+    def head_kind(self) -> str | None:
+        """What trained drafting head this file is, as llama.cpp's
+        ``common_speculative_types_from_gguf`` (``common/speculative.cpp``) and the model loaders
+        tell them: ``eagle3`` (architecture eagle3), ``dflash`` / ``dspark`` (architecture dflash,
+        a ``markov_w1`` tensor for DSpark), ``mtp-only`` (NextN layers and no trunk: no
+        ``blk.0.attn_norm.weight``, the loaders' ``mtp_only`` test); None for a whole model."""
+        if self.architecture == "eagle3":
+            return HEAD_EAGLE3
+        if self.architecture == "dflash":
+            return "dspark" if self.has_tensor("markov_w1.weight") else HEAD_DFLASH
+        if self.mtp_layers > 0 and not self.has_tensor("blk.0.attn_norm.weight"):
+            return HEAD_MTP_ONLY
+        return None
+
+    @property
+    def target_layers(self) -> list[int]:
+        """The target layers whose hidden rows an EAGLE-3 or DFlash head reads
+        (``{arch}.target_layers``)."""
+        ids = self.arch_key("target_layers")
+        return [] if ids is None else [int(x) for x in ids]
 
     @property
     def expected_size(self) -> int | None:
@@ -321,3 +362,39 @@ def vocab_from_header(h: GGUFHeader) -> VocabInfo:
         add_eos=opt_bool("tokenizer.ggml.add_eos_token"),
         tokens=tuple(tokens),
     )
+
+
+def head_fit(target: GGUFHeader, head: GGUFHeader) -> list[tuple[bool, str, str]]:
+    """Does this drafting head (``head.head_kind``) fit this target, from the headers alone:
+    (ok, rule, detail) per rule, in the checks llama.cpp makes when it builds the drafter (it
+    aborts the process on some; specli refuses first). The tokenizer is checked separately
+    (:mod:`specli.resolve.vocab`)."""
+    kind = head.head_kind
+    t_embd, h_embd = target.arch_key("embedding_length"), head.arch_key("embedding_length")
+    t_layers = int(target.arch_key("block_count", 0) or 0) - target.mtp_layers
+    rules: list[tuple[bool, str, str]] = []
+    if kind == HEAD_MTP_ONLY:
+        rules.append((head.architecture == target.architecture, "architecture",
+                      f"head {head.architecture}, target {target.architecture}"))
+        rules.append((t_embd == h_embd, "hidden size", f"head reads rows of {h_embd}, the target's are {t_embd}"))
+        n_trunk = int(head.arch_key("block_count", 0) or 0) - head.mtp_layers
+        rules.append((n_trunk == t_layers, "layers", f"head placed after layer {n_trunk}, the target has {t_layers}"))
+        graph = "has" if head.architecture in MTP_ARCHITECTURES else "has no"
+        rules.append((graph == "has", "MTP graph", f"this llama.cpp {graph} MTP graph for {head.architecture}"))
+    elif kind in (HEAD_EAGLE3, HEAD_DFLASH, "dspark"):
+        rows = "exports" if target.architecture in LAYER_INPUT_ARCHITECTURES else "cannot export"
+        rules.append((rows == "exports", "layer rows",
+                      f"this llama.cpp {rows} the layer rows of a {target.architecture} target"))
+        want = head.arch_key("target_hidden_size") if kind == HEAD_EAGLE3 else h_embd
+        rules.append((want == t_embd, "hidden size", f"head reads rows of {want}, the target's are {t_embd}"))
+        ids = head.target_layers
+        ok = bool(ids) and all(0 <= i < t_layers or (i == t_layers and target.mtp_layers) for i in ids)
+        rules.append((ok, "target layers", f"head reads layers {ids}, the target has {t_layers}"))
+        if kind == HEAD_EAGLE3:
+            rules.append((len(ids) == 3, "extract layers", f"EAGLE-3 reads exactly 3 layers, this head {len(ids)}"))
+        d2t = next((t for t in head.tensors if t.name == "d2t"), None)
+        if d2t is not None:
+            n_t = len(target.get("tokenizer.ggml.tokens") or [])
+            rules.append((d2t.shape[0] <= n_t, "draft vocabulary",
+                          f"d2t maps {d2t.shape[0]} draft tokens into the target's {n_t}"))
+    return rules

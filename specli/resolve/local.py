@@ -21,10 +21,14 @@ from pathlib import Path
 from specli.errors import SpecliError
 from specli.resolve import integrity, stores, vocab
 from specli.resolve.gguf_header import (
+    HEAD_EAGLE3,
+    HEAD_MTP_ONLY,
+    HEAD_NAMES,
     LLAMA_ARCHITECTURES,
     MTP_ARCHITECTURES,
     GGUFHeader,
     VocabInfo,
+    head_fit,
     read_gguf,
     unloadable,
     vocab_from_header,
@@ -52,6 +56,7 @@ class Summary:
     family: str  # general.basename ("" when the header has none)
     tokenizer: str  # fingerprint: vocabulary type and a hash of what llama.cpp compares
     vocab: VocabInfo  # without the token texts: llama.cpp's other rules, checked without reading them
+    head: str = ""  # a drafting head's kind (gguf_header.HEAD_NAMES): not a model of its own
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -95,11 +100,13 @@ def summarise(h: GGUFHeader) -> Summary:
     _VOCABS.setdefault(fp, v)
     return Summary(h.architecture, h.n_params, quantisation(h), int(h.arch_key("context_length", 0) or 0),
                    h.mtp_layers, h.mtp_usable, str(h.get("general.basename", "") or ""), fp,
-                   dataclasses.replace(v, tokens=()))
+                   dataclasses.replace(v, tokens=()), h.head_kind or "")
 
 
 # what a remembered summary was judged against (usable MTP, loadable): another llama.cpp, read again
-_TABLES = hashlib.sha256(repr((sorted(MTP_ARCHITECTURES), sorted(LLAMA_ARCHITECTURES))).encode()).hexdigest()[:12]
+# (and summaries without the head kind)
+_TABLES = hashlib.sha256(repr((sorted(MTP_ARCHITECTURES), sorted(LLAMA_ARCHITECTURES), "heads")).encode()
+                         ).hexdigest()[:12]
 
 
 def _headers_db() -> Path:
@@ -228,18 +235,43 @@ def compatible(t: Summary, t_path: str | None, d: Summary, d_path: str | None) -
 
 def drafts_for(target: Summary, target_path: str | None, models: list[LocalModel]) -> list[Pairing]:
     """The local models that can draft for this target: usable, another file, fewer parameters,
-    a tokenizer llama.cpp accepts; one entry per file, most suitable first (same family, then the
-    size ratio nearest IDEAL_RATIO)."""
+    a tokenizer llama.cpp accepts, not a drafting head (:func:`heads_for`); one entry per file,
+    most suitable first (same family, then the size ratio nearest IDEAL_RATIO)."""
     same = _file_key(target_path)
     out = []
     for m in models:
         s = m.summary
-        if not m.ok or m.same_as or s.params <= 0 or s.params >= target.params or _file_key(m.path) == same:
+        if (not m.ok or m.same_as or s.head or s.params <= 0 or s.params >= target.params
+                or _file_key(m.path) == same):
             continue
         if compatible(target, target_path, s, m.path):
             out.append(Pairing(m, target.params / s.params, bool(target.family) and
                                target.family.lower() == s.family.lower()))
     return sorted(out, key=lambda p: (not p.same_family, abs(math.log(p.ratio / IDEAL_RATIO)), p.draft.found.name))
+
+
+def heads_for(th: GGUFHeader, target_path: str | None, models: list[LocalModel],
+              note: Callable[[str], None]) -> list[LocalModel]:
+    """The drafting heads on disk that specli drafts with (MTP-only, EAGLE-3) and that fit this
+    target: its tokenizer, then llama.cpp's checks from the headers (gguf_header.head_fit). A head
+    of this tokenizer built for another target is left out with a note."""
+    target = summarise(th)
+    out = []
+    for m in models:
+        s = m.summary
+        if not m.ok or m.same_as or s.head not in (HEAD_MTP_ONLY, HEAD_EAGLE3):
+            continue
+        if not compatible(target, target_path, s, m.path):
+            continue
+        try:
+            bad = [f"{rule}: {detail}" for ok, rule, detail in head_fit(th, read_gguf(m.path)) if not ok]
+        except SpecliError:
+            continue
+        if bad:
+            note(f"--draft auto: skipped {m.path}: {HEAD_NAMES[s.head]} built for another target ({'; '.join(bad)})")
+        else:
+            out.append(m)
+    return out
 
 
 def auto_pick(p: Pairing) -> bool:
@@ -329,6 +361,12 @@ def draft_on_disk(tspec: ModelSpec, th: GGUFHeader, prof: Profile | None,
                 note(f"--draft auto: {m.found.where} ({m.path}): profile {prof.name}'s draft {spec.ref}, "
                      "found on disk (SHA-256 match), hybrid with prompt lookup")
                 return ModelSpec((m.path,), spec.sha256, spec.size)
+    heads = heads_for(th, tpath, models, note)
+    if heads:
+        h = heads[0]
+        note(f"--draft auto: {h.found.where} ({h.path}), found on disk: {HEAD_NAMES[h.summary.head]} "
+             "that fits this target (checked from its header)")
+        return ModelSpec((h.path,))
     target = summarise(th)
     best = [p for p in drafts_for(target, tpath, models) if auto_pick(p)]
     if not best:

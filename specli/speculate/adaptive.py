@@ -71,8 +71,8 @@ class AdaptiveDrafter(Drafter):
         self.model = model
         self.msource: Source = model.source if model is not None else MODEL
         kind = self.msource.kind
-        # the mode's name (specli.speculate.registry): lookup, model, hybrid, mtp, mtp-lookup
-        self.name = ({"model": "hybrid", "mtp": "mtp-lookup"}[kind] if lookup else kind) if model is not None \
+        # the mode's name (specli.speculate.registry): lookup, model, hybrid, mtp, mtp-lookup, eagle3, ...
+        self.name = (("hybrid" if kind == "model" else f"{kind}-lookup") if lookup else kind) if model is not None \
             else "lookup"
         self.bins = [Acceptance(first=min(e, 1.0), rest=min(e, 1.0)) for e in CONFIDENCE_BINS]
         self._model_drafted = False  # has the controller chosen the model yet (probes aside)

@@ -12,6 +12,12 @@ row, and so on; the rows drafted are dropped again before the target verifies.
 The MTP context and the hidden rows come from :class:`~specli.engine.Context`
 (``mtp_context``, ``hidden_rows``, ``hidden_row``), which checks llama.cpp's preconditions
 first (it aborts the process on misuse).
+
+The MTP layers may also come from a separate MTP-only GGUF (a *sidecar*: the MTP block of a
+target whose main file was converted without it), as llama.cpp's ``--spec-draft-model SIDECAR
+--spec-type draft-mtp`` does: the MTP context is then made over the sidecar's model
+(``mtp_context(cfg, head=sidecar)``), still reading the target context's state, and fed the
+target's hidden rows the same way.
 """
 
 from __future__ import annotations
@@ -36,12 +42,15 @@ class MTPDrafter(PaidDrafter, DecodeListener):
 
     name = "mtp"
     source = MTP
+    lag = 0  # the head's position of the last token: the target's (pos0), or one before (EAGLE-3's pairs)
 
     def __init__(self, target: Context, ctx: Context, p_min: float = DEFAULTS.draft_p_min):
         self.target = target
         self.ctx = ctx
         self.p_min = p_min
         self.n_embd = target.model.n_embd
+        # its cost is cached per model: the target's own layers, or a sidecar's
+        self.cost_key = "mtp" if ctx.model is target.model else "mtp-head"
         self._block: tuple[int, np.ndarray] | None = None  # (first position, hidden rows) of the last decode
 
     # -- fed by the target ----------------------------------------------------------------
@@ -77,10 +86,11 @@ class MTPDrafter(PaidDrafter, DecodeListener):
                 keep_going: Callable[[int, float, list[int]], bool] | None = None, p_min: float | None = None) -> Draft:
         p_min = self.p_min if p_min is None else p_min
         pos0 = len(context) - 1  # the last token is not in the target's cache yet
+        at = pos0 - self.lag  # where the head takes the last token
         ctx = self.ctx
         max_len = min(max_len, ctx.n_ctx - pos0 - 1)
-        if max_len <= 0 or self.target.n_past != pos0 or ctx.n_past != pos0:
-            return Draft([], MTP)
+        if max_len <= 0 or at < 0 or self.target.n_past != pos0 or ctx.n_past != at:
+            return Draft([], self.source)
         def step(tok: int, h: np.ndarray | None = None) -> np.ndarray:
             """One MTP pass: the token with the hidden row before it (the MTP head's own last one)."""
             if h is None:
@@ -92,15 +102,15 @@ class MTPDrafter(PaidDrafter, DecodeListener):
             toks, conf, passes = greedy_drafts(first, step, max_len, self.target.model.is_eog, p_min, keep_going,
                                                guide=self.guide)
         finally:
-            ctx.rollback(pos0)  # the verify pass feeds the real rows for these positions
-        return Draft(toks, MTP, conf, passes=passes)
+            ctx.rollback(at)  # the verify pass feeds the real rows for these positions
+        return Draft(toks, self.source, conf, passes=passes)
 
     def behind(self, context: Sequence[int]) -> int:
         """Nothing to catch up on: the target's own passes feed the MTP layers."""
         return 0
 
     def token_cost(self) -> float:
-        return calibrate.cached_cost("mtp", self.target, self.pass_time)
+        return calibrate.cached_cost(self.cost_key, self.target, self.pass_time)
 
     def pass_time(self, reps: int = 4) -> float:
         """Seconds per MTP forward pass, measured now (the best of ``reps``)."""
@@ -109,7 +119,7 @@ class MTPDrafter(PaidDrafter, DecodeListener):
             return 0.0
         h = np.zeros((1, self.n_embd), np.float32)
         best = float("inf")
-        tok = self.target.model.bos if self.target.model.bos >= 0 else 0
+        tok = max(self.target.model.bos, 0)
         self.ctx.eval([tok], "last", embd=h)  # warm-up: the first pass of a shape allocates its graph
         for _ in range(reps):
             t = time.perf_counter()

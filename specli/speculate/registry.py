@@ -1,11 +1,12 @@
 """What drafts: one vocabulary, and one registry from it to the code that builds the drafter.
 
 A :class:`DraftKind` names what proposes tokens (``none``, ``lookup``, ``model``, ``hybrid``,
-``mtp``, ``mtp-lookup``); a :class:`DraftMode` is a kind with its length policy, adaptive (the
-cost-aware controller) or fixed (always up to ``--draft-max``). Mode names are the words every
-command uses: ``--draft`` (with ``--lookup/--no-lookup`` and ``--adaptive/--fixed``) picks the
-mode of ``run``, ``chat``, ``serve`` and ``export``; ``bench --modes`` lists mode names; the stats,
-``bench``'s report and the server's usage say them. :data:`MODES` holds every name.
+``mtp``, ``mtp-lookup``, ``eagle3``, ``eagle3-lookup``); a :class:`DraftMode` is a kind with its
+length policy, adaptive (the cost-aware controller) or fixed (always up to ``--draft-max``).
+Mode names are the words every command uses: ``--draft`` (with ``--lookup/--no-lookup`` and
+``--adaptive/--fixed``) picks the mode of ``run``, ``chat``, ``serve`` and ``export``;
+``bench --modes`` lists mode names; the stats, ``bench``'s report and the server's usage say
+them. :data:`MODES` holds every name.
 
 The construction path (:class:`specli.session.Session`) decides the mode once and builds
 drafters through :func:`build`, which looks the kind up in :data:`REGISTRY`, as llama.cpp's
@@ -35,6 +36,8 @@ class DraftKind(str, Enum):
     HYBRID = "hybrid"  # the draft model and prompt lookup under one controller
     MTP = "mtp"  # the target's own multi-token-prediction layers
     MTP_LOOKUP = "mtp-lookup"  # the MTP layers and prompt lookup
+    EAGLE3 = "eagle3"  # an EAGLE-3 head fed the target's hidden layers (a head file: --draft HEAD)
+    EAGLE3_LOOKUP = "eagle3-lookup"  # the EAGLE-3 head and prompt lookup
 
     def __str__(self) -> str:
         return self.value
@@ -96,7 +99,9 @@ class Entry:
 
     help: str
     lookup: bool = False  # prompt lookup in play
-    paid: DraftKind | None = None  # the paid drafter it needs: MODEL (a draft model file) or MTP (the target's layers)
+    # the paid drafter it needs: MODEL (a draft model file), MTP (the target's layers, or an
+    # MTP-only head's) or EAGLE3 (an EAGLE-3 head's file)
+    paid: DraftKind | None = None
     fixed: DraftKind | None = None  # what drafts under --fixed (itself: a fixed mode of its own)
     adaptive: bool = True  # has an adaptive mode
     build: Factory = composed
@@ -112,8 +117,10 @@ REGISTRY: dict[DraftKind, Entry] = {
     DraftKind.MTP: Entry("the target's own MTP layers", paid=DraftKind.MTP, fixed=DraftKind.MTP),
     DraftKind.MTP_LOOKUP: Entry("the target's MTP layers and prompt lookup, one controller", lookup=True,
                                 paid=DraftKind.MTP, fixed=DraftKind.MTP),
+    DraftKind.EAGLE3: Entry("the EAGLE-3 head", paid=DraftKind.EAGLE3, fixed=DraftKind.EAGLE3),
+    DraftKind.EAGLE3_LOOKUP: Entry("the EAGLE-3 head and prompt lookup, one controller", lookup=True,
+                                   paid=DraftKind.EAGLE3, fixed=DraftKind.EAGLE3),
 }
-
 
 
 def _every_mode() -> list[DraftMode]:
@@ -146,15 +153,16 @@ def mode_for(kind: DraftKind, adaptive: bool) -> DraftMode:
 
 def with_lookup(kind: DraftKind, lookup: bool) -> DraftKind:
     """A paid kind with prompt lookup beside it (``--lookup``, the default), or alone."""
-    both = {DraftKind.MODEL: DraftKind.HYBRID, DraftKind.MTP: DraftKind.MTP_LOOKUP}
+    both = {DraftKind.MODEL: DraftKind.HYBRID, DraftKind.MTP: DraftKind.MTP_LOOKUP,
+            DraftKind.EAGLE3: DraftKind.EAGLE3_LOOKUP}
     alone = {v: k for k, v in both.items()}
     return both.get(kind, kind) if lookup else alone.get(kind, kind)
 
 
-def available(model: bool, mtp: bool) -> list[DraftMode]:
+def available(model: bool, mtp: bool, eagle3: bool = False) -> list[DraftMode]:
     """The modes a session can build: those needing a draft model only with ``model``, those
-    needing MTP layers only with ``mtp``."""
-    have = {DraftKind.MODEL: model, DraftKind.MTP: mtp}
+    needing MTP layers only with ``mtp``, those needing an EAGLE-3 head only with ``eagle3``."""
+    have = {DraftKind.MODEL: model, DraftKind.MTP: mtp, DraftKind.EAGLE3: eagle3}
     return [m for m in MODES.values() if m.kind.entry.paid is None or have[m.kind.entry.paid]]
 
 

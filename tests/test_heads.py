@@ -1,0 +1,269 @@
+"""Trained drafting heads in separate GGUFs: an MTP-only head (a *sidecar*, llama.cpp's
+``--spec-draft-model SIDECAR --spec-type draft-mtp``) drafting for a trunk converted without
+its MTP block, on tiny generated qwen35 halves (tests/tiny2026.py: the trunk and the sidecar of
+one model); EAGLE-3 heads (llama.cpp's ``draft-eagle3``) drafting for a tiny llama
+(tests/tinyheads.py); DFlash heads recognised from their headers and refused.
+f32 weights and an f32 KV cache: every output must match plain greedy decoding token for token."""
+
+import json
+import shlex
+from collections import Counter
+
+import numpy as np
+import pytest
+from clihelp import specli
+from conftest import TEST_CACHE
+from test_constrain import EMAIL
+from test_engine_exact import exact_joint
+from test_hybrid import CHECKPOINTS, PROMPTS, SNAPSHOTS, _cli, _env, cfg, run
+from test_verify import chi2_critical, chi2_stat
+from tiny2026 import _write, tiny_2026_model
+from tinyheads import tiny_head_model
+from tinymodels import read_tokenizer
+
+from specli.constrain import Constraint
+from specli.engine import Context, Model
+from specli.errors import SpecliError
+from specli.resolve.gguf_header import read_gguf
+from specli.speculate.drafters import NoDrafter
+from specli.speculate.heads import Eagle3Drafter, eagle3_context, layer_ids
+from specli.speculate.loop import generate
+from specli.speculate.mtp import MTPDrafter
+from specli.speculate.verify import SamplingParams
+
+
+def sidecar_drafter(target, sidecar, cfg):
+    """The MTP drafter on an MTP-only head, wired as the session wires it."""
+    d = MTPDrafter(target, target.mtp_context(cfg, sidecar), p_min=0.0)
+    target.listen(d, replay=True)
+    return d
+
+
+def eagle3_drafter(target, head, cfg):
+    """The EAGLE-3 drafter, wired as the session wires it."""
+    d = Eagle3Drafter(target, eagle3_context(target, head, cfg), p_min=0.0)
+    target.listen(d, replay=True)
+    return d
+
+
+def _gpu_like_costs(cache_dir):
+    """As test_hybrid's: a GPU's costs (verify ~ one token, a head's pass a twentieth), so the
+    controller drafts whatever this machine's load."""
+    path = cache_dir / "calibration.json"
+    d = json.loads(path.read_text())
+    for key, value in list(d.items()):
+        if key.startswith("verify:"):
+            d[key] = [0.01 * (1 + 0.01 * k) for k in range(len(value))]
+        elif key.startswith(("mtp-head:", "eagle3:")):
+            d[key] = 0.0005
+    path.write_text(json.dumps(d))
+
+
+@pytest.fixture(scope="session")
+def halves(smol_gguf):
+    """(trunk, MTP-only head) paths of one tiny qwen35 model, per mode; ``other`` a head of
+    another hidden size (built for another target)."""
+    def get(mode, **kw):
+        return (str(tiny_2026_model(TEST_CACHE, smol_gguf, f"qwen35-trunk-{mode}", **kw)),
+                str(tiny_2026_model(TEST_CACHE, smol_gguf, f"qwen35-mtp-only-{mode}", **kw)))
+    return get
+
+
+def test_headers_say_what_each_half_is(halves):
+    trunk, head = halves("partial")
+    th, hh = read_gguf(trunk), read_gguf(head)
+    assert th.head_kind is None and th.mtp_layers == 0
+    assert hh.head_kind == "mtp-only" and hh.mtp_layers == 1 and not hh.mtp_usable  # no trunk of its own
+    assert not hh.has_tensor("blk.0.attn_norm.weight") and hh.has_tensor("blk.2.nextn.eh_proj.weight")
+
+
+@pytest.mark.parametrize("n_rs_seq", [SNAPSHOTS, CHECKPOINTS])
+@pytest.mark.parametrize("mode", ["full", "partial"])
+def test_a_sidecar_head_drafts_for_its_trunk_losslessly(halves, mode, n_rs_seq):
+    trunk, head = halves(mode)
+    model, sidecar = Model(trunk), Model(head, load_mtp=True)
+    assert model.n_mtp_layers == 0 and sidecar.n_mtp_layers == 1
+    drafted = accepted = 0
+    for text in PROMPTS[:2]:
+        prompt = model.tokenize(text)
+        plain, *_ = run(model, prompt, lambda c: NoDrafter(), n_rs_seq)
+        out, st, c = run(model, prompt, lambda c: sidecar_drafter(c, sidecar, cfg(n_rs_seq)), n_rs_seq)
+        assert out == plain, text
+        assert c.tokens == prompt + out[:-1]
+        drafted, accepted = drafted + st.drafted, accepted + st.accepted
+    if mode == "full":  # the sidecar is the MTP block that predicts exactly what the trunk says
+        assert drafted > 0 and accepted == drafted
+    else:
+        assert 0 < accepted < drafted
+
+
+def test_a_sidecar_of_another_model_is_refused_before_llama_cpp_sees_it(halves):
+    trunk, _ = halves("full")
+    _, other = halves("full", d=32, ff=64)
+    model = Model(trunk)
+    with pytest.raises(SpecliError, match="hidden size 32, the target's is 64"):
+        Context(model, cfg(0)).mtp_context(cfg(0), Model(other, load_mtp=True))
+
+
+def test_sidecar_sampling_follows_the_target_distribution(halves):
+    trunk, head = halves("partial")
+    model, sidecar = Model(trunk), Model(head, load_mtp=True)
+    params = SamplingParams(temperature=1.5, top_k=6)
+    prompt = model.tokenize(PROMPTS[0])
+    exact = exact_joint(Context(model, cfg(0)), prompt, params)
+    keys = list(exact)
+    probs = np.array([exact[k] for k in keys])
+    gen = Context(model, cfg(SNAPSHOTS))
+    drafter = sidecar_drafter(gen, sidecar, cfg(SNAPSHOTS))
+    counts, drafted, accepted = Counter(), 0, 0
+    for seed in range(800):
+        out, st, _ = run(model, prompt, lambda c: drafter, SNAPSHOTS, k=2, n=3,
+                         params=SamplingParams(1.5, 6, 1.0, seed), ctx=gen)
+        counts[tuple(out)] += 1
+        drafted, accepted = drafted + st.drafted, accepted + st.accepted
+    assert set(counts) <= set(keys)
+    stat, dof = chi2_stat(np.array([counts[k] for k in keys], float), probs)
+    assert stat < chi2_critical(dof), (stat, dof)
+    assert 0 < accepted < drafted
+
+
+def test_cli_draft_head_runs_mtp_on_it_and_check_explains_the_fit(halves, tmp_path):
+    env = _env(tmp_path)
+    trunk, head = halves("full")
+    plain, _ = _cli(trunk, "none", env, PROMPTS[0])
+    _cli(trunk, head, env, PROMPTS[0])  # measures and caches this machine's costs
+    _gpu_like_costs(tmp_path)
+    got, err = _cli(trunk, head, env, PROMPTS[0])
+    assert "is an MTP-only head (llama.cpp draft-mtp with a separate model): drafting with its MTP layers" in err
+    st = got["stats"]
+    assert st["mode"] == "mtp-lookup" and st["drafted"] > 0 and st["accepted"] == st["drafted"]
+    assert got["tokens"] == plain["tokens"] and got["text"] == plain["text"]
+    rc, out, err = specli("check", trunk, head, env=env)
+    assert rc == 0, err
+    assert "draft: an MTP-only head" in out and "✓ hidden size: head reads rows of 64, the target's are 64" in out
+    assert "✓ layers: head placed after layer 2, the target has 2" in out and "compatible" in out
+    # a head built for another target: one line, from the headers, before anything loads
+    _, other = halves("full", d=32, ff=64)
+    rc, out, err = specli("run", "--target", trunk, "--draft", other, "--raw", "--prompt", "hi", env=env)
+    assert rc != 0 and err.count("\n") == 1
+    assert "built for another target (hidden size: head reads rows of 32, the target's are 64)" in err
+    rc, out, err = specli("check", trunk, other, env=env)
+    assert rc == 1 and "✗ hidden size" in out and "built for another target" in err
+
+
+@pytest.fixture(scope="session")
+def eagle(smol_gguf):
+    """(bigram llama target, EAGLE-3 head) paths (tests/tinyheads.py); ``mode`` full: every draft
+    right when the call sequence is; partial: the target's features enter, drafts sometimes wrong."""
+    def get(mode, **kw):
+        return (str(tiny_head_model(TEST_CACHE, smol_gguf, "bigram")),
+                str(tiny_head_model(TEST_CACHE, smol_gguf, f"eagle3-{mode}", **kw)))
+    return get
+
+
+@pytest.mark.parametrize("mode", ["full", "partial"])
+def test_an_eagle3_head_drafts_losslessly(eagle, mode):
+    target_path, head_path = eagle(mode)
+    model, head = Model(target_path), Model(head_path)
+    assert read_gguf(head_path).head_kind == "eagle3" and layer_ids(head) == [0, 1, 1]
+    drafted = accepted = 0
+    for text in PROMPTS[:2]:
+        prompt = model.tokenize(text)
+        plain, *_ = run(model, prompt, lambda c: NoDrafter(), 0)
+        out, st, c = run(model, prompt, lambda c: eagle3_drafter(c, head, cfg(0)), 0)
+        assert out == plain, text
+        assert c.tokens == prompt + out[:-1]
+        drafted, accepted = drafted + st.drafted, accepted + st.accepted
+    if mode == "full":  # right only if fed (token at P+1, features of P) at P, rejected rows dropped
+        assert drafted > 0 and accepted == drafted
+    else:
+        assert 0 < accepted < drafted
+
+
+def test_eagle3_sampling_follows_the_target_distribution(eagle):
+    target_path, head_path = eagle("partial", g_weight=0.1)
+    model, head = Model(target_path), Model(head_path)
+    params = SamplingParams(temperature=1.5, top_k=6)
+    prompt = model.tokenize(PROMPTS[0])
+    exact = exact_joint(Context(model, cfg(0)), prompt, params)
+    keys = list(exact)
+    probs = np.array([exact[k] for k in keys])
+    gen = Context(model, cfg(0))
+    drafter = eagle3_drafter(gen, head, cfg(0))
+    counts, drafted, accepted = Counter(), 0, 0
+    for seed in range(800):
+        out, st, _ = run(model, prompt, lambda c: drafter, 0, k=2, n=3, params=SamplingParams(1.5, 6, 1.0, seed),
+                         ctx=gen)
+        counts[tuple(out)] += 1
+        drafted, accepted = drafted + st.drafted, accepted + st.accepted
+    assert set(counts) <= set(keys)
+    stat, dof = chi2_stat(np.array([counts[k] for k in keys], float), probs)
+    assert stat < chi2_critical(dof), (stat, dof)
+    assert 0 < accepted < drafted
+
+
+def test_cli_draft_eagle3_head_and_check(eagle, smol_gguf, tmp_path):
+    env = _env(tmp_path)
+    target, head = eagle("full")
+    plain, _ = _cli(target, "none", env, PROMPTS[0])
+    _cli(target, head, env, PROMPTS[0])
+    _gpu_like_costs(tmp_path)
+    got, err = _cli(target, head, env, PROMPTS[0])
+    assert "is an EAGLE-3 head (llama.cpp draft-eagle3): drafting with it, fed the target's layers [0, 1, 1]" in err
+    st = got["stats"]
+    assert st["mode"] == "eagle3-lookup" and st["drafted"] > 0 and st["accepted"] == st["drafted"]
+    assert got["tokens"] == plain["tokens"]
+    rc, out, err = specli("check", target, head, env=env)
+    assert rc == 0, err
+    assert "draft: an EAGLE-3 head (llama.cpp draft-eagle3)" in out and "✓ hidden size" in out
+    assert "✓ target layers: head reads layers [0, 1, 1], the target has 2" in out and "compatible" in out
+    # a head built for another target (its hidden size and layers): one line, from the headers
+    other = str(tiny_head_model(TEST_CACHE, smol_gguf, "eagle3-full", target_hidden=4096, layers=(2, 20, 40)))
+    rc, out, err = specli("run", "--target", target, "--draft", other, "--raw", "--prompt", "hi", env=env)
+    assert rc != 0 and err.count("\n") == 1
+    assert "is an EAGLE-3 head (llama.cpp draft-eagle3) built for another target" in err
+    rc, out, err = specli("check", target, other, env=env)
+    assert rc == 1 and "✗ hidden size: head reads rows of 4096, the target's are 64" in out
+    assert "✗ target layers: head reads layers [2, 20, 40], the target has 2" in out
+    # a DFlash head (the header llama.cpp's loader reads): recognised, checked, refused in one line
+    dflash = _write(tmp_path / "dflash.gguf", "dflash", read_tokenizer(smol_gguf),
+                    [("u32", "embedding_length", 64), ("u32", "block_count", 1), ("u32", "block_size", 16),
+                     ("arr_i32", "target_layers", [0, 1])], {"fc.weight": np.zeros((64, 128), np.float32)})
+    rc, out, err = specli("check", target, str(dflash), env=env)
+    assert rc == 1 and "draft: a DFlash head (llama.cpp draft-dflash)" in out and "does not draft with dflash" in err
+    rc, out, err = specli("run", "--target", target, "--draft", str(dflash), "--raw", "--prompt", "hi", env=env)
+    assert rc != 0 and err.count("\n") == 1 and "is a DFlash head" in err
+
+
+def test_eagle3_drafts_under_a_constraint_as_the_grammar_masks(eagle):
+    """The EAGLE-3 drafter is the MTP drafter one position behind, its guide included: under a
+    regex its greedy drafts are masked by the grammar as the target's rows are, so the full head's
+    drafts are all kept, and the output is plain constrained decoding's."""
+    target_path, head_path = eagle("full")
+    model, head = Model(target_path), Model(head_path)
+    constraint = Constraint.regex(EMAIL)
+    prompt = model.tokenize(PROMPTS[0])
+    plain = generate(Context(model, cfg(0)), prompt, NoDrafter(), SamplingParams(), 40, 4, constraint=constraint)
+    c = Context(model, cfg(0))
+    d = eagle3_drafter(c, head, cfg(0))
+    resp = generate(c, prompt, d, SamplingParams(), 40, 4, constraint=constraint)
+    assert [t for ch in resp for t in ch.tokens] == [t for ch in plain for t in ch.tokens]
+    assert d.guide is not None  # the loop's guide reached the head's drafting
+    st = resp.stats
+    assert st.drafted > 0 and st.accepted == st.drafted, (st.drafted, st.accepted)
+    d.close()
+
+
+def test_export_names_the_head_as_llama_server_drafts_with_it(eagle, halves, tmp_path):
+    """``specli export`` of a head: llama-server's draft model is the head's file, its
+    --spec-type the head's (draft-eagle3, draft-mtp); engines that load safetensors refuse it."""
+    env = {**_env(tmp_path), "SPECLI_VRAM": "0"}
+    for (target, head), kind in ((eagle("full"), "draft-eagle3"), (halves("full"), "draft-mtp")):
+        rc, out, err = specli("export", "--target", target, "--draft", head, "--to", "llama-server", env=env)
+        assert rc == 0, err
+        cmd = shlex.split(out.splitlines()[-1])
+        assert cmd[cmd.index("-m") + 1] == target and cmd[cmd.index("-md") + 1] == head
+        assert cmd[cmd.index("--spec-type") + 1] == f"ngram-simple,{kind}"
+        rc, out, err = specli("export", "--target", target, "--draft", head, "--to", "vllm", "--hf-target", "o/t",
+                              env=env)
+        assert rc == 1 and err.count("\n") == 1 and "cannot load a GGUF drafting head" in err
