@@ -57,7 +57,7 @@ def drafter(sess: Session, mode: str):
         return NoDrafter()
     if mode == "forced":
         return ForcedDrafter(NoDrafter())
-    inner = sess.drafter_for(sess.default_mode())
+    inner = sess.drafter_for(sess.draft.mode)
     return ForcedDrafter(inner) if mode.endswith("+forced") else inner
 
 
