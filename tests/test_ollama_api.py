@@ -19,6 +19,7 @@ from specli.serve.app import create_app
 from specli.serve.ollama import CallStream, parameter_size
 from specli.serve.runner import background
 from specli.session import Options, Session
+from specli.speculate.settings import SpecSettings
 from specli.toolcalls import FORMATS
 
 CTX = 1024
@@ -28,7 +29,9 @@ GREEDY = {"temperature": 0}
 
 @pytest.fixture(scope="module")
 def session(tiny_target, tiny_draft):
-    sess = Session(Options(target=tiny_target, draft=tiny_draft, n_ctx=CTX))
+    # a fixed draft length: the same seed then draws the same random numbers at the same steps
+    # (the adaptive controller's lengths follow measured timings, which move the sampling stream)
+    sess = Session(Options(target=tiny_target, draft=tiny_draft, n_ctx=CTX, spec=SpecSettings(adaptive=False)))
     yield sess
     sess.close()
 

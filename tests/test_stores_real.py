@@ -45,12 +45,15 @@ def test_the_pair_in_ollama_and_lm_studio_speculates_with_nothing_downloaded(rea
 
     # a fresh HOME has no cost measurements: --draft-max 4 keeps the first calibration short
     rc, out, err = specli("run", "--target", "ollama:qwen2.5-coder:1.5b", "--draft", "auto", "-n", "16", "--json",
-                          "--draft-max", "4", "--prompt", "Write hello world in Python.", env=env, timeout=1200)
+                          "--draft-max", "4", "--fixed", "--prompt", "Write hello world in Python.",
+                          env=env, timeout=1200)
     assert rc == 0, err
     assert f"ollama:qwen2.5-coder:1.5b is profile default's target (SHA-256 {TARGET.sha256[:12]}…)" in err
     assert f"--draft auto: Ollama qwen2.5-coder:0.5b ({dblob}): profile default's draft" in err, err
     res = json.loads(out)
     assert res["target"] == str(tblob) and res["draft"] == str(dblob)
-    assert res["stats"]["mode"] == "hybrid" and res["stats"]["drafted"] > 0
+    # --fixed: the draft model drafts every step (the adaptive controller may find, on a slow
+    # moment of a 2-core CPU, that no draft pays, which is its job but not this test's question)
+    assert res["stats"]["mode"] == "model-fixed" and res["stats"]["drafted"] > 0
     assert "downloading" not in err and "unavailable" not in err  # nothing fetched from anywhere
     assert snapshot(home / ".ollama", home / ".lmstudio") == before
