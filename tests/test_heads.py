@@ -7,16 +7,13 @@ f32 weights and an f32 KV cache: every output must match plain greedy decoding t
 
 import json
 import shlex
-from collections import Counter
 
 import numpy as np
 import pytest
 from clihelp import specli
 from conftest import TEST_CACHE
 from test_constrain import EMAIL
-from test_engine_exact import exact_joint
-from test_hybrid import CHECKPOINTS, PROMPTS, SNAPSHOTS, _cli, _env, cfg, run
-from test_verify import chi2_critical, chi2_stat
+from test_hybrid import CHECKPOINTS, PROMPTS, SNAPSHOTS, _cli, _env, assert_sampling_follows_the_target, cfg, run
 from tiny2026 import _write, tiny_2026_model
 from tinyheads import tiny_head_model
 from tinymodels import read_tokenizer
@@ -108,23 +105,8 @@ def test_a_sidecar_of_another_model_is_refused_before_llama_cpp_sees_it(halves):
 def test_sidecar_sampling_follows_the_target_distribution(halves):
     trunk, head = halves("partial")
     model, sidecar = Model(trunk), Model(head, load_mtp=True)
-    params = SamplingParams(temperature=1.5, top_k=6)
-    prompt = model.tokenize(PROMPTS[0])
-    exact = exact_joint(Context(model, cfg(0)), prompt, params)
-    keys = list(exact)
-    probs = np.array([exact[k] for k in keys])
     gen = Context(model, cfg(SNAPSHOTS))
-    drafter = sidecar_drafter(gen, sidecar, cfg(SNAPSHOTS))
-    counts, drafted, accepted = Counter(), 0, 0
-    for seed in range(800):
-        out, st, _ = run(model, prompt, lambda c: drafter, SNAPSHOTS, k=2, n=3,
-                         params=SamplingParams(1.5, 6, 1.0, seed), ctx=gen)
-        counts[tuple(out)] += 1
-        drafted, accepted = drafted + st.drafted, accepted + st.accepted
-    assert set(counts) <= set(keys)
-    stat, dof = chi2_stat(np.array([counts[k] for k in keys], float), probs)
-    assert stat < chi2_critical(dof), (stat, dof)
-    assert 0 < accepted < drafted
+    assert_sampling_follows_the_target(model, gen, sidecar_drafter(gen, sidecar, cfg(SNAPSHOTS)), SNAPSHOTS, 800)
 
 
 def test_cli_draft_head_runs_mtp_on_it_and_check_explains_the_fit(halves, tmp_path):
@@ -183,23 +165,8 @@ def test_an_eagle3_head_drafts_losslessly(eagle, mode):
 def test_eagle3_sampling_follows_the_target_distribution(eagle):
     target_path, head_path = eagle("partial", g_weight=0.1)
     model, head = Model(target_path), Model(head_path)
-    params = SamplingParams(temperature=1.5, top_k=6)
-    prompt = model.tokenize(PROMPTS[0])
-    exact = exact_joint(Context(model, cfg(0)), prompt, params)
-    keys = list(exact)
-    probs = np.array([exact[k] for k in keys])
     gen = Context(model, cfg(0))
-    drafter = eagle3_drafter(gen, head, cfg(0))
-    counts, drafted, accepted = Counter(), 0, 0
-    for seed in range(800):
-        out, st, _ = run(model, prompt, lambda c: drafter, 0, k=2, n=3, params=SamplingParams(1.5, 6, 1.0, seed),
-                         ctx=gen)
-        counts[tuple(out)] += 1
-        drafted, accepted = drafted + st.drafted, accepted + st.accepted
-    assert set(counts) <= set(keys)
-    stat, dof = chi2_stat(np.array([counts[k] for k in keys], float), probs)
-    assert stat < chi2_critical(dof), (stat, dof)
-    assert 0 < accepted < drafted
+    assert_sampling_follows_the_target(model, gen, eagle3_drafter(gen, head, cfg(0)), 0, 800)
 
 
 def test_cli_draft_eagle3_head_and_check(eagle, smol_gguf, tmp_path):

@@ -137,17 +137,23 @@ def test_a_memory_that_cannot_cut_back_is_decoded_again(tiny26, smol_gguf, monke
 
 def test_mtp_sampling_follows_the_target_distribution(tiny26):
     model = Model(tiny26("qwen35-mtp-partial"), load_mtp=True)
+    gen = Context(model, cfg(SNAPSHOTS))
+    assert_sampling_follows_the_target(model, gen, mtp_drafter(gen, cfg(SNAPSHOTS)), SNAPSHOTS, 2000)
+
+
+def assert_sampling_follows_the_target(model, gen, drafter, snapshots: int, n: int) -> None:
+    """The joint distribution of the first three tokens sampled with ``drafter`` (T = 1.5, top-k
+    6, ``n`` seeds, on the context ``gen``) equals the target's own (chi-square), and the drafts
+    were partly accepted."""
     params = SamplingParams(temperature=1.5, top_k=6)
     prompt = model.tokenize(PROMPTS[0])
     exact = exact_joint(Context(model, cfg(0)), prompt, params)
     keys = list(exact)
     probs = np.array([exact[k] for k in keys])
     assert abs(probs.sum() - 1) < 1e-9
-    gen = Context(model, cfg(SNAPSHOTS))
-    drafter = mtp_drafter(gen, cfg(SNAPSHOTS))
     counts, drafted, accepted = Counter(), 0, 0
-    for seed in range(2000):
-        out, st, _ = run(model, prompt, lambda c: drafter, SNAPSHOTS, k=2, n=3,
+    for seed in range(n):
+        out, st, _ = run(model, prompt, lambda c: drafter, snapshots, k=2, n=3,
                          params=SamplingParams(1.5, 6, 1.0, seed), ctx=gen)
         counts[tuple(out)] += 1
         drafted, accepted = drafted + st.drafted, accepted + st.accepted
