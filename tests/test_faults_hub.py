@@ -37,7 +37,10 @@ def hub(tiny_target, small_file):
 def env(hub, tmp_path):
     e = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     e.update(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf"), SPECLI_CONFIG_DIR=str(tmp_path / "config"),
-             SPECLI_CACHE=str(tmp_path / "specli"), HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
+             SPECLI_CACHE=str(tmp_path / "specli"), HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1",
+             # a held download is held, not retried: the client's 10 s read timeout would start the
+             # download again without the hold and finish it between two looks at the disk
+             HF_HUB_DOWNLOAD_TIMEOUT="600")
     return e
 
 
@@ -55,7 +58,12 @@ def same(path, original):
 
 
 def test_killed_midway_then_run_again(env, hub, tiny_target):
-    hub.state.pause_at[FILE] = os.path.getsize(tiny_target) // 3
+    # huggingface-hub writes what it receives in chunks of DOWNLOAD_CHUNK_SIZE (10 MiB): hold the
+    # download past the first one so that the partial file has bytes in it when the process dies
+    from huggingface_hub.constants import DOWNLOAD_CHUNK_SIZE
+    hold = DOWNLOAD_CHUNK_SIZE + (1 << 20)
+    assert os.path.getsize(tiny_target) > hold
+    hub.state.pause_at[FILE] = hold
     p = start("pull", REF, env=env)
     assert hub.state.paused.wait(300), "the download never started"
     wait_for("a partial file on disk", lambda: any(os.path.getsize(f) > 0 for f in partial_files(env)))
