@@ -24,6 +24,7 @@ from specli.errors import SpecliError
 from specli.hardware import calibrate
 from specli.resolve import hub
 from specli.resolve.gguf_header import read_gguf
+from specli.speculate.registry import DraftKind
 
 ENGINES = ("llama-server", "vllm", "sglang", "lmstudio")
 DEFAULT_PORT = {"llama-server": 8080, "vllm": 8000, "sglang": 30000, "lmstudio": 1234}
@@ -57,8 +58,8 @@ class Pair:
     hf_draft: str | None = None
     notes: list[str] = field(default_factory=list)  # comment lines for the output
     mtp: bool = False  # the target drafts for itself through its multi-token-prediction layers
-    # a drafting head's file and llama.cpp's --spec-type for it: an MTP-only sidecar (draft-mtp)
-    # or an EAGLE-3 head (draft-eagle3)
+    # a drafting head's file and llama.cpp's --spec-type for it: an MTP-only sidecar (draft-mtp),
+    # an EAGLE-3 head (draft-eagle3) or a DFlash head (draft-dflash)
     head: str | None = None
     head_type: str = ""
     no_repack: bool = False  # this CPU has AMX tiles: no weight repacking (specli.engine.extra_buffer_types)
@@ -140,6 +141,8 @@ def pair_for(opts, progress: Callable[[str], None] | None = None, hf_target: str
     measured = calibrate.measured_length(tpath, tngl, threads, n_batch, s.draft_max, drafter) if drafter else None
     draft_n = _length(measured, "MTP draft length" if mtp else "draft length", notes) \
         if dpath or mtp or head else 0
+    if draft.dflash:  # llama.cpp clamps the draft to the head's block (and warns)
+        draft_n = min(draft_n, int(read_gguf(head).arch_key("block_size", 16) or 16) - 1)
     lookup_n = _length(calibrate.measured_length(tpath, tngl, threads, n_batch, s.draft_max),
                        "prompt-lookup length", notes) if lookup else 0
     tspec = prof.target.sources if prof and not opts.target else (given_target,)
@@ -149,8 +152,12 @@ def pair_for(opts, progress: Callable[[str], None] | None = None, hf_target: str
                 _hub_of(tspec), _hub_of(dspec) if dpath else None,
                 hf_target or (prof.hf_target if prof else None),
                 hf_draft or (prof.hf_draft if auto_model and dpath else None), notes, mtp,
-                head, ("draft-eagle3" if draft.eagle3 else "draft-mtp") if head else "",
+                head, _HEAD_TYPES[draft.kind.entry.paid] if head else "",
                 no_repack=not extra_buffer_types())
+
+
+# llama.cpp's --spec-type for a drafting head, by what drafts with it
+_HEAD_TYPES = {DraftKind.MTP: "draft-mtp", DraftKind.EAGLE3: "draft-eagle3", DraftKind.DFLASH: "draft-dflash"}
 
 
 # -- llama.cpp's llama-server ----------------------------------------------------------------

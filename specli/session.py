@@ -16,11 +16,12 @@ from specli.hardware.plan import Plan, available_ram, check_host_memory, make_pl
 from specli.prompt import build_prompt
 from specli.resolve import hub, models, profiles, vocab
 from specli.resolve.gguf_header import (
+    HEAD_DFLASH,
     HEAD_EAGLE3,
-    HEAD_MTP_ONLY,
     HEAD_NAMES,
     MTP_ARCHITECTURES,
     head_fit,
+    head_not_driven,
     read_gguf,
     vocab_from_header,
 )
@@ -29,7 +30,7 @@ from specli.resolve.profiles import ModelSpec, Profile
 from specli.speculate import registry
 from specli.speculate.adaptive import lookup_drafter
 from specli.speculate.drafters import Drafter, LookupDrafter, ModelDrafter, NoDrafter, PaidDrafter
-from specli.speculate.heads import Eagle3Drafter, eagle3_context
+from specli.speculate.heads import DFlashDrafter, Eagle3Drafter, dflash_context, eagle3_context
 from specli.speculate.loop import Response, Stats, check_prompt_fits, generate
 from specli.speculate.mtp import MTPDrafter
 from specli.speculate.registry import DraftKind, DraftMode, available, mode_for, with_lookup
@@ -63,8 +64,8 @@ class DraftPlan:
 
     mode: DraftMode
     draft_path: str | None = None  # the draft model's file, where the mode drafts with one
-    # a drafting head's file: an MTP-only sidecar (the MTP kinds draft with its layers) or an
-    # EAGLE-3 head (the EAGLE3 kinds)
+    # a drafting head's file: an MTP-only sidecar (the MTP kinds draft with its layers), an
+    # EAGLE-3 head (the EAGLE3 kinds) or a DFlash head (the DFLASH kinds)
     head: str | None = None
 
     @property
@@ -86,6 +87,11 @@ class DraftPlan:
         """An EAGLE-3 head (``head``) drafts."""
         return self.kind.entry.paid is DraftKind.EAGLE3
 
+    @property
+    def dflash(self) -> bool:
+        """A DFlash head (``head``) drafts."""
+        return self.kind.entry.paid is DraftKind.DFLASH
+
     def placed(self, plan: Plan) -> DraftPlan:
         """This plan as the hardware plan places it: where the GPU cannot hold the draft model
         too, prompt lookup drafts instead."""
@@ -98,7 +104,7 @@ class DraftPlan:
 
     def modes(self) -> list[DraftMode]:
         """Every mode a session of this plan can build (bench compares them)."""
-        return available(model=bool(self.draft_path), mtp=self.mtp, eagle3=self.eagle3)
+        return available(model=bool(self.draft_path), mtp=self.mtp, eagle3=self.eagle3, dflash=self.dflash)
 
 
 def plan_for(opts: Options, target_path: str, draft: DraftPlan) -> tuple[Plan, Hardware, int]:
@@ -191,9 +197,10 @@ def _head_drafter(ref: str, th, dh, notes: list[str]) -> DraftKind:
     """What a trained drafting head (``dh.head_kind``) drafts as, once it is checked to fit the
     target; a head that does not fit, or of a kind specli cannot drive, is one line."""
     kind = dh.head_kind
-    if kind not in (HEAD_MTP_ONLY, HEAD_EAGLE3):
-        raise SpecliError(f"{ref} is {HEAD_NAMES[kind]}; specli does not draft with {kind} heads "
-                          "(see docs/models.md); use --draft mtp, a draft model or lookup")
+    why = head_not_driven(dh)
+    if why:
+        raise SpecliError(f"{ref} is {why}; specli does not draft with it (see docs/models.md); "
+                          "use --draft mtp, a draft model or lookup")
     bad = [f"{rule}: {detail}" for ok, rule, detail in head_fit(th, dh) if not ok]
     if bad:
         raise SpecliError(f"{ref} is {HEAD_NAMES[kind]} built for another target ({'; '.join(bad)})")
@@ -201,6 +208,11 @@ def _head_drafter(ref: str, th, dh, notes: list[str]) -> DraftKind:
         notes.append(f"{os.path.basename(ref)} is {HEAD_NAMES[kind]}: drafting with it, fed the target's "
                      f"layers {dh.target_layers}")
         return DraftKind.EAGLE3
+    if kind == HEAD_DFLASH:
+        notes.append(f"{os.path.basename(ref)} is {HEAD_NAMES[kind]}: drafting a block of up to "
+                     f"{int(dh.arch_key('block_size', 16) or 16) - 1} tokens a pass, fed the target's layers "
+                     f"{dh.target_layers}")
+        return DraftKind.DFLASH
     notes.append(f"{os.path.basename(ref)} is {HEAD_NAMES[kind]}: drafting with its MTP layers")
     return DraftKind.MTP
 
@@ -295,7 +307,7 @@ class Session:
                    else "state checkpoints")
             opts.notes.append(f"{self.target.name} is a hybrid/recurrent model: rejected drafts roll back by {how}")
         self.draft_model: Model | None = None
-        self.head_model: Model | None = None  # a drafting head (MTP-only or EAGLE-3), loaded on first use
+        self.head_model: Model | None = None  # a drafting head (MTP-only, EAGLE-3, DFlash), loaded on first use
         self._paid: dict[DraftKind, PaidDrafter] = {}  # the draft model's and the MTP layers' drafters, shared
         self._verify_costs: list[float] | None = None
         # bench makes its own drafters, one per mode and run
@@ -317,11 +329,11 @@ class Session:
 
     def paid(self, kind: DraftKind) -> PaidDrafter:
         """The draft model's drafter (``MODEL``), the MTP layers' (``MTP``: the target's own or an
-        MTP-only head's) or the EAGLE-3 head's (``EAGLE3``), made on first use and shared by every
-        drafter the session builds."""
+        MTP-only head's), the EAGLE-3 head's (``EAGLE3``) or the DFlash head's (``DFLASH``), made on
+        first use and shared by every drafter the session builds."""
         if kind not in self._paid:
             make = {DraftKind.MODEL: self._model_drafter, DraftKind.MTP: self._mtp_drafter,
-                    DraftKind.EAGLE3: self._eagle3_drafter}[kind]
+                    DraftKind.EAGLE3: self._eagle3_drafter, DraftKind.DFLASH: self._dflash_drafter}[kind]
             self._paid[kind] = make()
         return self._paid[kind]
 
@@ -351,6 +363,13 @@ class Session:
 
     def _eagle3_drafter(self) -> Eagle3Drafter:
         d = Eagle3Drafter(self.ctx, eagle3_context(self.ctx, self._head(), self.cfg), p_min=self.opts.spec.draft_p_min)
+        self.ctx.listen(d, replay=True)  # fed the target's layer rows of every decode, the cached tokens first
+        return d
+
+    def _dflash_drafter(self) -> DFlashDrafter:
+        s = self.opts.spec
+        d = DFlashDrafter(self.ctx, dflash_context(self.ctx, self._head(), self.cfg), p_min=s.draft_p_min,
+                          n_max=s.draft_max)
         self.ctx.listen(d, replay=True)  # fed the target's layer rows of every decode, the cached tokens first
         return d
 

@@ -2,7 +2,8 @@
 ``--spec-draft-model SIDECAR --spec-type draft-mtp``) drafting for a trunk converted without
 its MTP block, on tiny generated qwen35 halves (tests/tiny2026.py: the trunk and the sidecar of
 one model); EAGLE-3 heads (llama.cpp's ``draft-eagle3``) drafting for a tiny llama
-(tests/tinyheads.py); DFlash heads recognised from their headers and refused.
+(tests/tinyheads.py); DFlash heads (llama.cpp's ``draft-dflash``: a block a pass) drafting for a
+tiny llama that copies (tests/tinyheads.py); DFlash2 and DSpark heads recognised and refused.
 f32 weights and an f32 KV cache: every output must match plain greedy decoding token for token."""
 
 import json
@@ -23,7 +24,7 @@ from specli.engine import Context, Model
 from specli.errors import SpecliError
 from specli.resolve.gguf_header import read_gguf
 from specli.speculate.drafters import NoDrafter
-from specli.speculate.heads import Eagle3Drafter, eagle3_context, layer_ids
+from specli.speculate.heads import DFlashDrafter, Eagle3Drafter, dflash_context, eagle3_context, layer_ids
 from specli.speculate.loop import generate
 from specli.speculate.mtp import MTPDrafter
 from specli.speculate.verify import SamplingParams
@@ -32,6 +33,13 @@ from specli.speculate.verify import SamplingParams
 def sidecar_drafter(target, sidecar, cfg):
     """The MTP drafter on an MTP-only head, wired as the session wires it."""
     d = MTPDrafter(target, target.mtp_context(cfg, sidecar), p_min=0.0)
+    target.listen(d, replay=True)
+    return d
+
+
+def dflash_drafter(target, head, cfg, n_max=8):
+    """The DFlash drafter, wired as the session wires it."""
+    d = DFlashDrafter(target, dflash_context(target, head, cfg), p_min=0.0, n_max=n_max)
     target.listen(d, replay=True)
     return d
 
@@ -51,7 +59,7 @@ def _gpu_like_costs(cache_dir):
     for key, value in list(d.items()):
         if key.startswith("verify:"):
             d[key] = [0.01 * (1 + 0.01 * k) for k in range(len(value))]
-        elif key.startswith(("mtp-head:", "eagle3:")):
+        elif key.startswith(("mtp-head:", "eagle3:", "dflash")):
             d[key] = 0.0005
     path.write_text(json.dumps(d))
 
@@ -192,14 +200,6 @@ def test_cli_draft_eagle3_head_and_check(eagle, smol_gguf, tmp_path):
     rc, out, err = specli("check", target, other, env=env)
     assert rc == 1 and "✗ hidden size: head reads rows of 4096, the target's are 64" in out
     assert "✗ target layers: head reads layers [2, 20, 40], the target has 2" in out
-    # a DFlash head (the header llama.cpp's loader reads): recognised, checked, refused in one line
-    dflash = _write(tmp_path / "dflash.gguf", "dflash", read_tokenizer(smol_gguf),
-                    [("u32", "embedding_length", 64), ("u32", "block_count", 1), ("u32", "block_size", 16),
-                     ("arr_i32", "target_layers", [0, 1])], {"fc.weight": np.zeros((64, 128), np.float32)})
-    rc, out, err = specli("check", target, str(dflash), env=env)
-    assert rc == 1 and "draft: a DFlash head (llama.cpp draft-dflash)" in out and "does not draft with dflash" in err
-    rc, out, err = specli("run", "--target", target, "--draft", str(dflash), "--raw", "--prompt", "hi", env=env)
-    assert rc != 0 and err.count("\n") == 1 and "is a DFlash head" in err
 
 
 def test_eagle3_drafts_under_a_constraint_as_the_grammar_masks(eagle):
@@ -221,16 +221,141 @@ def test_eagle3_drafts_under_a_constraint_as_the_grammar_masks(eagle):
     d.close()
 
 
-def test_export_names_the_head_as_llama_server_drafts_with_it(eagle, halves, tmp_path):
+def test_export_names_the_head_as_llama_server_drafts_with_it(eagle, halves, dflash, tmp_path):
     """``specli export`` of a head: llama-server's draft model is the head's file, its
-    --spec-type the head's (draft-eagle3, draft-mtp); engines that load safetensors refuse it."""
+    --spec-type the head's (draft-eagle3, draft-mtp, draft-dflash); engines that load safetensors
+    refuse it."""
     env = {**_env(tmp_path), "SPECLI_VRAM": "0"}
-    for (target, head), kind in ((eagle("full"), "draft-eagle3"), (halves("full"), "draft-mtp")):
+    for (target, head), kind in ((eagle("full"), "draft-eagle3"), (halves("full"), "draft-mtp"),
+                                 (dflash("full"), "draft-dflash")):
         rc, out, err = specli("export", "--target", target, "--draft", head, "--to", "llama-server", env=env)
         assert rc == 0, err
         cmd = shlex.split(out.splitlines()[-1])
         assert cmd[cmd.index("-m") + 1] == target and cmd[cmd.index("-md") + 1] == head
         assert cmd[cmd.index("--spec-type") + 1] == f"ngram-simple,{kind}"
+        if kind == "draft-dflash":  # llama.cpp's clamp to the block, said by the command itself
+            assert int(cmd[cmd.index("--spec-draft-n-max") + 1]) <= 3
         rc, out, err = specli("export", "--target", target, "--draft", head, "--to", "vllm", "--hf-target", "o/t",
                               env=env)
         assert rc == 1 and err.count("\n") == 1 and "cannot load a GGUF drafting head" in err
+
+
+@pytest.fixture(scope="session")
+def dflash(smol_gguf):
+    """(copy llama target, DFlash head) paths (tests/tinyheads.py); ``mode`` full: every draft right
+    when the call sequence is (features injected at their positions, the block where llama.cpp
+    puts it); partial: FFN noise and layer 1's features, drafts sometimes wrong."""
+    def get(mode, **kw):
+        return (str(tiny_head_model(TEST_CACHE, smol_gguf, "copy")),
+                str(tiny_head_model(TEST_CACHE, smol_gguf, f"dflash-{mode}", **kw)))
+    return get
+
+
+@pytest.mark.parametrize("mode", ["full", "partial"])
+def test_a_dflash_head_drafts_losslessly(dflash, mode):
+    target_path, head_path = dflash(mode)
+    model, head = Model(target_path), Model(head_path)
+    assert read_gguf(head_path).head_kind == "dflash" and layer_ids(head) == [0, 1]
+    drafted = accepted = 0
+    for text in PROMPTS[:2]:
+        prompt = model.tokenize(text)
+        plain, *_ = run(model, prompt, lambda c: NoDrafter(), 0)
+        out, st, c = run(model, prompt, lambda c: dflash_drafter(c, head, cfg(0)), 0, k=8)
+        assert out == plain, text
+        assert c.tokens == prompt + out[:-1]
+        drafted, accepted = drafted + st.drafted, accepted + st.accepted
+    if mode == "full":  # right only if the rows sit at their positions and the block after them
+        assert drafted > 0 and accepted == drafted
+    else:
+        assert 0 < accepted < drafted
+
+
+def test_dflash_drafts_at_most_its_block_and_drops_the_block_again(dflash):
+    """The block (``dflash.block_size`` 4) bounds the draft, whatever is asked (llama.cpp clamps
+    n_max to block_size - 1); after drafting, the head's cache holds the target's rows only."""
+    target_path, head_path = dflash("full")
+    model, head = Model(target_path), Model(head_path)
+    c = Context(model, cfg(0))
+    d = dflash_drafter(c, head, cfg(0), n_max=16)
+    assert (d.block, d.max_len) == (4, 3)
+    prompt = model.tokenize(PROMPTS[0])
+    c.eval(prompt[:-1], "none")
+    assert d.ctx.tokens == prompt[:-1]
+    draft = d.propose(prompt, 16)
+    assert len(draft.tokens) == 3 and draft.passes == 0
+    assert d.ctx.tokens == prompt[:-1]  # the block's rows are gone before the target verifies
+    assert dflash_drafter(Context(model, cfg(0)), head, cfg(0), n_max=2).block == 3
+    # the target keeps fewer tokens: the head's rows past them go too
+    c.eval(draft.tokens, "none")
+    c.rollback(len(prompt) - 1)
+    assert d.ctx.tokens == prompt[:-1]
+    d.close()
+
+
+def test_dflash_sampling_follows_the_target_distribution(dflash):
+    target_path, head_path = dflash("full")
+    model, head = Model(target_path), Model(head_path)
+    gen = Context(model, cfg(0))
+    assert_sampling_follows_the_target(model, gen, dflash_drafter(gen, head, cfg(0)), 0, 800)
+
+
+def test_cli_draft_dflash_head_and_check(dflash, smol_gguf, tmp_path):
+    env = _env(tmp_path)
+    target, head = dflash("full")
+    plain, _ = _cli(target, "none", env, PROMPTS[0])
+    _cli(target, head, env, PROMPTS[0], "--no-lookup")  # measures and caches this machine's costs
+    _gpu_like_costs(tmp_path)
+    got, err = _cli(target, head, env, PROMPTS[0], "--no-lookup")
+    assert ("is a DFlash head (llama.cpp draft-dflash): drafting a block of up to 3 tokens a pass, "
+            "fed the target's layers [0, 1]") in err
+    st = got["stats"]
+    assert st["mode"] == "dflash" and st["drafted"] > 0 and st["accepted"] == st["drafted"]
+    assert got["tokens"] == plain["tokens"]
+    got, _ = _cli(target, head, env, PROMPTS[1])
+    assert got["stats"]["mode"] == "dflash-lookup"
+    rc, out, err = specli("check", target, head, env=env)
+    assert rc == 0, err
+    assert "draft: a DFlash head (llama.cpp draft-dflash)" in out and "✓ hidden size" in out
+    assert "✓ target layers: head reads layers [0, 1], the target has 2" in out
+    assert "✓ mask token: token 12345, the target's vocabulary has 49152" in out
+    assert "(--draft HEAD drafts with it: DFlash, a block a pass)" in out
+    # a head built for another target (its hidden size and layers): one line, from the headers
+    other = str(tiny_head_model(TEST_CACHE, smol_gguf, "dflash-full", target_hidden=128, d=128, layers=(3, 30)))
+    rc, out, err = specli("run", "--target", target, "--draft", other, "--raw", "--prompt", "hi", env=env)
+    assert rc != 0 and err.count("\n") == 1
+    assert "is a DFlash head (llama.cpp draft-dflash) built for another target (hidden size" in err
+    rc, out, err = specli("check", target, other, env=env)
+    assert rc == 1 and "✗ hidden size: head reads rows of 128, the target's are 64" in out
+    assert "✗ target layers: head reads layers [3, 30], the target has 2" in out
+    # no mask token: the block cannot be built
+    nomask = str(tiny_head_model(TEST_CACHE, smol_gguf, "dflash-full", mask_token=None))
+    rc, out, err = specli("run", "--target", target, "--draft", nomask, "--raw", "--prompt", "hi", env=env)
+    assert rc != 0 and err.count("\n") == 1 and "(mask token: the head names none)" in err
+    # DFlash2 (a selector lattice) and DSpark (a Markov head): recognised, checked, refused in one line
+    tok = read_tokenizer(smol_gguf)
+    kv = [("u32", "embedding_length", 64), ("u32", "block_count", 1), ("u32", "block_size", 16),
+          ("u32", "tokenizer.ggml.mask_token_id", 5), ("arr_i32", "target_layers", [0, 1])]
+    fc = {"fc.weight": np.zeros((64, 128), np.float32)}
+    dflash2 = _write(tmp_path / "dflash2.gguf", "dflash", tok, kv + [("u32", "selector_top_k", 4)], fc)
+    dspark = _write(tmp_path / "dspark.gguf", "dflash", tok, kv, {**fc, "markov_w1.weight": np.zeros((8, 8))})
+    for path, what in ((dflash2, "a DFlash2 head"), (dspark, "a DSpark head")):
+        rc, out, err = specli("check", target, str(path), env=env)
+        assert rc == 1 and f"it is {what}" in err and "specli does not draft with it" in err, err
+        rc, out, err = specli("run", "--target", target, "--draft", str(path), "--raw", "--prompt", "hi", env=env)
+        assert rc != 0 and err.count("\n") == 1 and f"is {what}" in err, err
+
+
+def test_dflash_drafts_under_a_constraint_as_the_grammar_masks(dflash):
+    """The block's rows are masked by the grammar as the target's are: constrained output is plain
+    constrained decoding's."""
+    target_path, head_path = dflash("full")
+    model, head = Model(target_path), Model(head_path)
+    constraint = Constraint.regex(EMAIL)
+    prompt = model.tokenize(PROMPTS[0])
+    plain = generate(Context(model, cfg(0)), prompt, NoDrafter(), SamplingParams(), 30, 4, constraint=constraint)
+    c = Context(model, cfg(0))
+    d = dflash_drafter(c, head, cfg(0))
+    resp = generate(c, prompt, d, SamplingParams(), 30, 4, constraint=constraint)
+    assert [t for ch in resp for t in ch.tokens] == [t for ch in plain for t in ch.tokens]
+    assert d.guide is not None and resp.stats.drafted > 0
+    d.close()

@@ -45,12 +45,14 @@ def bench(
     draft: str = DRAFT_OPTION,
     suite: str = typer.Option("code,grounded,chat,unpredictable", "--suite", "-s",
                               help="Suite names (comma-separated) or a YAML/JSONL file of prompts."),
-    modes: str = typer.Option("none,lookup,model,hybrid,mtp,mtp-lookup,eagle3,eagle3-lookup", "--modes",
+    modes: str = typer.Option("none,lookup,model,hybrid,mtp,mtp-lookup,eagle3,eagle3-lookup,dflash,dflash-lookup",
+                              "--modes",
                               help="Modes to compare, named as --draft and --stats name them: none (plain "
                                    "decoding, the baseline), lookup, lookup-fixed, model, hybrid, model-fixed, mtp, "
-                                   "mtp-lookup, mtp-fixed, eagle3, eagle3-lookup, eagle3-fixed (those the models "
-                                   "allow: model and hybrid with a draft model, mtp with MTP layers, the target's "
-                                   "or an MTP-only head's, eagle3 with an EAGLE-3 head)."),
+                                   "mtp-lookup, mtp-fixed, eagle3, eagle3-lookup, eagle3-fixed, dflash, "
+                                   "dflash-lookup, dflash-fixed (those the models allow: model and hybrid with a "
+                                   "draft model, mtp with MTP layers, the target's or an MTP-only head's, eagle3 "
+                                   "with an EAGLE-3 head, dflash with a DFlash head)."),
     max_tokens: int = typer.Option(128, "--max-tokens", "-n", min=1, help="Tokens per prompt."),
     repeat: int = typer.Option(1, "--repeat", min=1, help="Measured passes over the suite."),
     draft_max: int = DRAFT_MAX_OPTION,

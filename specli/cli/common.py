@@ -117,9 +117,9 @@ def given_options(click_ctx: typer.Context) -> set[str]:
 
 TARGET_HELP = ("Target model: a GGUF path, org/repo:QUANT on the Hub, ollama:NAME[:TAG], lmstudio:PUBLISHER/REPO, "
                "pypi:NAME, or a profile name (specli models lists what is on disk).")
-DRAFT_HELP = ("Draft: a model reference (as for --target; a drafting head's file, MTP-only or EAGLE-3, drafts "
-              "as such), 'mtp' (the target's own MTP layers), 'lookup' "
-              "(prompt lookup), 'auto' (MTP, else a draft model on disk or from a profile or the Hub, else lookup) "
+DRAFT_HELP = ("Draft: a model reference (as for --target; a drafting head's file, MTP-only, EAGLE-3 or DFlash, "
+              "drafts as such), 'mtp' (the target's own MTP layers), 'lookup' (prompt lookup), 'auto' (MTP, else a "
+              "drafting head or a draft model on disk, or one from a profile or the Hub, else lookup) "
               "or 'none' (plain).")
 # the model options run, chat and bench share
 TARGET_OPTION = typer.Option(None, "--target", "-m", help=TARGET_HELP)

@@ -119,6 +119,21 @@ HEAD_NAMES = {HEAD_MTP_ONLY: "an MTP-only head (llama.cpp draft-mtp with a separ
               HEAD_EAGLE3: "an EAGLE-3 head (llama.cpp draft-eagle3)",
               HEAD_DFLASH: "a DFlash head (llama.cpp draft-dflash)",
               "dspark": "a DSpark head (llama.cpp draft-dspark)"}
+# the kinds specli drafts with, and its drafter for each
+HEAD_DRAFTERS = {HEAD_MTP_ONLY: "the MTP drafter", HEAD_EAGLE3: "EAGLE-3", HEAD_DFLASH: "DFlash, a block a pass"}
+
+
+def head_not_driven(h: GGUFHeader) -> str | None:
+    """Why specli does not draft with this drafting head (None: it does, or not a head): DSpark
+    heads bias the block with a Markov head chained inside the graph, DFlash2 heads give a
+    selector lattice instead of logits (llama.cpp's server drives both)."""
+    kind = h.head_kind
+    lattice = int(h.arch_key("selector_top_k", 0) or 0) > 0 or h.has_tensor("selector_hidden.weight")
+    if kind == HEAD_DFLASH and lattice:
+        return "a DFlash2 head (its drafts are a selector lattice, not logits per block position)"
+    if kind is not None and kind not in HEAD_DRAFTERS:
+        return f"{HEAD_NAMES[kind]}"
+    return None
 
 
 @dataclass
@@ -390,11 +405,15 @@ def head_fit(target: GGUFHeader, head: GGUFHeader) -> list[tuple[bool, str, str]
         ids = head.target_layers
         ok = bool(ids) and all(0 <= i < t_layers or (i == t_layers and target.mtp_layers) for i in ids)
         rules.append((ok, "target layers", f"head reads layers {ids}, the target has {t_layers}"))
+        n_t = len(target.get("tokenizer.ggml.tokens") or [])
         if kind == HEAD_EAGLE3:
             rules.append((len(ids) == 3, "extract layers", f"EAGLE-3 reads exactly 3 layers, this head {len(ids)}"))
+        else:  # the block is [last token, mask x (block - 1)], embedded by the target's token_embd
+            mask = head.get("tokenizer.ggml.mask_token_id")
+            detail = "the head names none" if mask is None else f"token {mask}, the target's vocabulary has {n_t}"
+            rules.append((mask is not None and 0 <= int(mask) < n_t, "mask token", detail))
         d2t = next((t for t in head.tensors if t.name == "d2t"), None)
         if d2t is not None:
-            n_t = len(target.get("tokenizer.ggml.tokens") or [])
             rules.append((d2t.shape[0] <= n_t, "draft vocabulary",
                           f"d2t maps {d2t.shape[0]} draft tokens into the target's {n_t}"))
     return rules

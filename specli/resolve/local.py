@@ -21,14 +21,14 @@ from pathlib import Path
 from specli.errors import SpecliError
 from specli.resolve import integrity, stores, vocab
 from specli.resolve.gguf_header import (
-    HEAD_EAGLE3,
-    HEAD_MTP_ONLY,
+    HEAD_DRAFTERS,
     HEAD_NAMES,
     LLAMA_ARCHITECTURES,
     MTP_ARCHITECTURES,
     GGUFHeader,
     VocabInfo,
     head_fit,
+    head_not_driven,
     read_gguf,
     unloadable,
     vocab_from_header,
@@ -252,21 +252,24 @@ def drafts_for(target: Summary, target_path: str | None, models: list[LocalModel
 
 def heads_for(th: GGUFHeader, target_path: str | None, models: list[LocalModel],
               note: Callable[[str], None]) -> list[LocalModel]:
-    """The drafting heads on disk that specli drafts with (MTP-only, EAGLE-3) and that fit this
-    target: its tokenizer, then llama.cpp's checks from the headers (gguf_header.head_fit). A head
-    of this tokenizer built for another target is left out with a note."""
+    """The drafting heads on disk that specli drafts with (MTP-only, EAGLE-3, DFlash) and that fit
+    this target: its tokenizer, then llama.cpp's checks from the headers (gguf_header.head_fit). A
+    head of this tokenizer built for another target is left out with a note."""
     target = summarise(th)
     out = []
     for m in models:
         s = m.summary
-        if not m.ok or m.same_as or s.head not in (HEAD_MTP_ONLY, HEAD_EAGLE3):
+        if not m.ok or m.same_as or s.head not in HEAD_DRAFTERS:
             continue
         if not compatible(target, target_path, s, m.path):
             continue
         try:
-            bad = [f"{rule}: {detail}" for ok, rule, detail in head_fit(th, read_gguf(m.path)) if not ok]
+            hh = read_gguf(m.path)
         except SpecliError:
             continue
+        if head_not_driven(hh):
+            continue
+        bad = [f"{rule}: {detail}" for ok, rule, detail in head_fit(th, hh) if not ok]
         if bad:
             note(f"--draft auto: skipped {m.path}: {HEAD_NAMES[s.head]} built for another target ({'; '.join(bad)})")
         else:

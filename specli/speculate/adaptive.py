@@ -103,7 +103,7 @@ class AdaptiveDrafter(Drafter):
                 cands[look_key] = min(len(look), 2 * match)
         behind = lacks = 1
         if self.model is not None:
-            cands[self.msource] = max_len
+            cands[self.msource] = min(max_len, self.model.max_len or max_len)
             # a draft model first catches up on what its cache lacks: what the target emitted
             # since it last drafted; before its first draft, the prompt, which the controller
             # prices as an outlay for the drafts to come (``probe_behind``)
@@ -122,6 +122,7 @@ class AdaptiveDrafter(Drafter):
         if dec.probe:
             return self.model.propose(context, dec.k, p_min=0.0)
         ctl = self.ctl
+        dt = ctl.draft_costs(self.msource)[0]  # a further token's drafting cost (DFlash: none, its pass is paid)
         p_all = 1.0
         copy: list[int] = []
 
@@ -135,9 +136,9 @@ class AdaptiveDrafter(Drafter):
                         if copy:
                             return False
                 p_next = p_all * ctl.acceptance(self.msource).alpha_rest
-                return marginal_token_pays(p_next, i, ctl.cost.verify, ctl.cost.draft_token, dec.rate)
+                return marginal_token_pays(p_next, i, ctl.cost.verify, dt, dec.rate)
             p_all *= self.bins[confidence_bin(p_top)].alpha
-            return i == 0 or marginal_token_pays(p_all, i, ctl.cost.verify, ctl.cost.draft_token, dec.rate)
+            return i == 0 or marginal_token_pays(p_all, i, ctl.cost.verify, dt, dec.rate)
 
         d = self.model.propose(context, max_len, keep_going, p_min=0.0)
         if copy and len(d.tokens) < max_len:
@@ -164,7 +165,7 @@ class AdaptiveDrafter(Drafter):
             return n, net
 
         n, net = run(len(copy.tokens), look.alpha_first, look.alpha_rest, 0.0)
-        if n and net >= run(room, mod.alpha_rest, mod.alpha_rest, ctl.cost.draft_token)[1]:
+        if n and net >= run(room, mod.alpha_rest, mod.alpha_rest, ctl.draft_costs(self.msource)[0])[1]:
             return copy.tokens[:n]
         return []
 

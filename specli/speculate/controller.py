@@ -254,10 +254,13 @@ class Controller:
         """(per further token, for the first token) seconds of a drafter's step. A draft
         model's first token comes from its catch-up pass over the ``behind`` tokens it has not
         seen (the target's last token and its own last draft; more after plain steps), as wide;
-        MTP is fed inside the target's pass and pays one pass a token."""
+        MTP is fed inside the target's pass and pays one pass a token; DFlash pays one pass for
+        its whole block (``draft_token`` is that pass), further tokens nothing."""
         if source.free:
             return 0.0, 0.0
         dt = self.cost.draft_token
+        if source.kind == "dflash":
+            return 0.0, dt
         return dt, (dt * self.batch_ratio(behind) if source.kind == "model" else dt)
 
     def decide(self, candidates: dict[Source, int], k_cap: int | None = None, behind: int = 1,

@@ -137,6 +137,7 @@ class PaidDrafter(Drafter):
     (``token_cost``), and learns its acceptance under ``source``."""
 
     source: Source = MODEL
+    max_len: int | None = None  # the most tokens one draft can hold (a DFlash head's block); None: any
 
     def propose(self, context: Sequence[int], max_len: int,
                 keep_going: Callable[[int, float, list[int]], bool] | None = None, p_min: float | None = None) -> Draft:

@@ -1,12 +1,12 @@
 """What drafts: one vocabulary, and one registry from it to the code that builds the drafter.
 
 A :class:`DraftKind` names what proposes tokens (``none``, ``lookup``, ``model``, ``hybrid``,
-``mtp``, ``mtp-lookup``, ``eagle3``, ``eagle3-lookup``); a :class:`DraftMode` is a kind with its
-length policy, adaptive (the cost-aware controller) or fixed (always up to ``--draft-max``).
-Mode names are the words every command uses: ``--draft`` (with ``--lookup/--no-lookup`` and
-``--adaptive/--fixed``) picks the mode of ``run``, ``chat``, ``serve`` and ``export``;
-``bench --modes`` lists mode names; the stats, ``bench``'s report and the server's usage say
-them. :data:`MODES` holds every name.
+``mtp``, ``mtp-lookup``, ``eagle3``, ``eagle3-lookup``, ``dflash``, ``dflash-lookup``); a
+:class:`DraftMode` is a kind with its length policy, adaptive (the cost-aware controller) or
+fixed (always up to ``--draft-max``). Mode names are the words every command uses: ``--draft``
+(with ``--lookup/--no-lookup`` and ``--adaptive/--fixed``) picks the mode of ``run``, ``chat``,
+``serve`` and ``export``; ``bench --modes`` lists mode names; the stats, ``bench``'s report and
+the server's usage say them. :data:`MODES` holds every name.
 
 The construction path (:class:`specli.session.Session`) decides the mode once and builds
 drafters through :func:`build`, which looks the kind up in :data:`REGISTRY`, as llama.cpp's
@@ -38,6 +38,8 @@ class DraftKind(str, Enum):
     MTP_LOOKUP = "mtp-lookup"  # the MTP layers and prompt lookup
     EAGLE3 = "eagle3"  # an EAGLE-3 head fed the target's hidden layers (a head file: --draft HEAD)
     EAGLE3_LOOKUP = "eagle3-lookup"  # the EAGLE-3 head and prompt lookup
+    DFLASH = "dflash"  # a DFlash head: a block drafted in one pass from the target's hidden layers
+    DFLASH_LOOKUP = "dflash-lookup"  # the DFlash head and prompt lookup
 
     def __str__(self) -> str:
         return self.value
@@ -100,7 +102,7 @@ class Entry:
     help: str
     lookup: bool = False  # prompt lookup in play
     # the paid drafter it needs: MODEL (a draft model file), MTP (the target's layers, or an
-    # MTP-only head's) or EAGLE3 (an EAGLE-3 head's file)
+    # MTP-only head's), EAGLE3 (an EAGLE-3 head's file) or DFLASH (a DFlash head's file)
     paid: DraftKind | None = None
     fixed: DraftKind | None = None  # what drafts under --fixed (itself: a fixed mode of its own)
     adaptive: bool = True  # has an adaptive mode
@@ -120,6 +122,9 @@ REGISTRY: dict[DraftKind, Entry] = {
     DraftKind.EAGLE3: Entry("the EAGLE-3 head", paid=DraftKind.EAGLE3, fixed=DraftKind.EAGLE3),
     DraftKind.EAGLE3_LOOKUP: Entry("the EAGLE-3 head and prompt lookup, one controller", lookup=True,
                                    paid=DraftKind.EAGLE3, fixed=DraftKind.EAGLE3),
+    DraftKind.DFLASH: Entry("the DFlash head (a block a pass)", paid=DraftKind.DFLASH, fixed=DraftKind.DFLASH),
+    DraftKind.DFLASH_LOOKUP: Entry("the DFlash head and prompt lookup, one controller", lookup=True,
+                                   paid=DraftKind.DFLASH, fixed=DraftKind.DFLASH),
 }
 
 
@@ -154,15 +159,16 @@ def mode_for(kind: DraftKind, adaptive: bool) -> DraftMode:
 def with_lookup(kind: DraftKind, lookup: bool) -> DraftKind:
     """A paid kind with prompt lookup beside it (``--lookup``, the default), or alone."""
     both = {DraftKind.MODEL: DraftKind.HYBRID, DraftKind.MTP: DraftKind.MTP_LOOKUP,
-            DraftKind.EAGLE3: DraftKind.EAGLE3_LOOKUP}
+            DraftKind.EAGLE3: DraftKind.EAGLE3_LOOKUP, DraftKind.DFLASH: DraftKind.DFLASH_LOOKUP}
     alone = {v: k for k, v in both.items()}
     return both.get(kind, kind) if lookup else alone.get(kind, kind)
 
 
-def available(model: bool, mtp: bool, eagle3: bool = False) -> list[DraftMode]:
+def available(model: bool, mtp: bool, eagle3: bool = False, dflash: bool = False) -> list[DraftMode]:
     """The modes a session can build: those needing a draft model only with ``model``, those
-    needing MTP layers only with ``mtp``, those needing an EAGLE-3 head only with ``eagle3``."""
-    have = {DraftKind.MODEL: model, DraftKind.MTP: mtp, DraftKind.EAGLE3: eagle3}
+    needing MTP layers only with ``mtp``, those needing an EAGLE-3 head only with ``eagle3``, a
+    DFlash head only with ``dflash``."""
+    have = {DraftKind.MODEL: model, DraftKind.MTP: mtp, DraftKind.EAGLE3: eagle3, DraftKind.DFLASH: dflash}
     return [m for m in MODES.values() if m.kind.entry.paid is None or have[m.kind.entry.paid]]
 
 
