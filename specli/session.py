@@ -111,13 +111,16 @@ def plan_for(opts: Options, target_path: str, draft: DraftPlan) -> tuple[Plan, H
     """The hardware plan for these models and options, from the headers alone."""
     th = read_gguf(target_path)
     dpath = draft.draft_path
-    dh = read_gguf(dpath) if dpath else None
+    # a drafting head counts as a draft model does: its weights, its context's KV, its buffers
+    # (placed with the target: it reads the target's state, so it never runs on the CPU alone)
+    dh = read_gguf(dpath or draft.head) if dpath or draft.head else None
     n_ctx_train = int(th.arch_key("context_length", N_CTX) or N_CTX)
     n_ctx = min(opts.n_ctx, n_ctx_train) if opts.n_ctx > 0 else n_ctx_train
     hw = detect(opts.vram)
     pays = bool(dpath) and calibrate.draft_on_cpu_pays(
         target_path, dpath, opts.threads or os.cpu_count() or 1, min(512, n_ctx), opts.spec.draft_max)
-    plan = make_plan(memory_from_header(th, name="target"), memory_from_header(dh, name="draft") if dh else None,
+    plan = make_plan(memory_from_header(th, name="target"),
+                     memory_from_header(dh, name="draft" if dpath else "head") if dh else None,
                      hw.budget, n_ctx, hw.can_offload or hw.budget_source in ("--vram", "SPECLI_VRAM"), bool(pays),
                      wants_draft=draft.kind.value)
     return plan, hw, n_ctx

@@ -207,8 +207,9 @@ def test_profiles_name_the_pair_as_safetensors(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECLI_CONFIG_DIR", str(tmp_path))
     shipped = profiles.load_all()
     # every shipped pair with a draft model (vLLM and SGLang cannot load a GGUF draft); a drafting
-    # head's GGUF (qwen3-next's MTP-only sidecar) is exported to llama-server only
-    heads = {"qwen3-next-80b-a3b"}
+    # head's GGUF (qwen3-next's MTP-only sidecar, qwen3-8b's DFlash and gpt-oss-20b's EAGLE-3 heads) is
+    # exported to llama-server only
+    heads = {"qwen3-next-80b-a3b", "qwen3-8b", "gpt-oss-20b"}
     assert all(p.hf_target and p.hf_draft for p in shipped.values() if p.draft_models and p.name not in heads)
     assert (shipped["default"].hf_target, shipped["default"].hf_draft) == (
         "Qwen/Qwen2.5-Coder-1.5B-Instruct", "Qwen/Qwen2.5-Coder-0.5B-Instruct")

@@ -359,3 +359,34 @@ def test_dflash_drafts_under_a_constraint_as_the_grammar_masks(dflash):
     assert [t for ch in resp for t in ch.tokens] == [t for ch in plain for t in ch.tokens]
     assert d.guide is not None and resp.stats.drafted > 0
     d.close()
+
+
+def test_the_memory_plan_counts_a_head_as_a_draft_model(dflash, halves, tmp_path):
+    """A head's weights, its own context's KV and its buffers count as a draft model's: where the
+    GPU holds the target alone, prompt lookup drafts instead of the head; where it holds both, the
+    head drafts beside the target on the GPU. An MTP-only head's KV is its MTP layers' alone."""
+    from specli.hardware.plan import memory_from_header
+
+    target, head = dflash("full")
+    t, h = (memory_from_header(read_gguf(p)) for p in (target, head))
+    hh = read_gguf(head)
+    assert h.weights == sum(x.nbytes for x in hh.tensors) and h.input_bytes == 0  # it borrows the embeddings
+    assert h.kv_bytes_per_token == 1 * 4 * (16 + 16) * 2  # one layer, 4 KV heads of 16, f16 K and V
+    both = t.gpu_bytes(-1, 512) + h.gpu_bytes(-1, 512)
+    env = _env(tmp_path)
+
+    def plan(budget):
+        rc, out, err = specli("run", "--target", target, "--draft", head, "--plan", "--ctx", "512",
+                              "--vram", f"{budget}B", env=env)
+        assert rc == 0, err
+        return out
+
+    out = plan(both)
+    assert "drafter: dflash-lookup" in out and "head tiny-dflash" not in out and "[both-gpu]" in out, out
+    assert "+ head 0.2 MiB" in out
+    out = plan(both - 1)
+    assert "drafter: lookup" in out and "[target-gpu-lookup]" in out, out
+    assert t.gpu_bytes(-1, 512) <= both - 1  # the target alone fits: the head's share decided it
+    _, sidecar = halves("full")
+    s = memory_from_header(read_gguf(sidecar))
+    assert s.kv_bytes_per_token == 1 * 2 * (16 + 16) * 2  # the MTP layer only: 2 KV heads of 16

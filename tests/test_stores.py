@@ -370,9 +370,9 @@ def pair_home(home, big_target, tiny_draft, family_draft, tiny_draft_edited):
 
 def test_pairs_by_llama_cpp_rules(pair_home):
     found = local.scan()
-    by_name = {t.found.name: [p.draft.found.name for p in d] for t, d in local.pairs(found)}
+    by_name = {t.found.name: [p.draft.found.name for p in d] for t, d, _ in local.pairs(found)}
     assert by_name == {"tiny-big:latest": [LMS_DRAFT, "tiny-draft:latest"]}  # same family first; edited: no
-    ((_, drafts),) = local.pairs(found)
+    ((_, drafts, _),) = local.pairs(found)
     assert drafts[0].same_family and not drafts[1].same_family and 3.5 < drafts[0].ratio < 5
     rc, out, err = specli("pairs", "--json", env=env_of(pair_home))
     assert rc == 0, err
@@ -498,5 +498,17 @@ def test_draft_auto_takes_a_head_that_fits_and_skips_one_for_another_target(home
     assert res["stats"]["mode"] == "eagle3-lookup"
     plain, _ = run_json(env, "--target", "ollama:bigram", "--draft", "none")
     assert plain["tokens"] == res["tokens"]
+    # specli pairs lists them as heads, what each is and whether it fits, never as draft models
+    rc, out, err = specli("pairs", "ollama:bigram", "--json", env=env)
+    assert rc == 0, err
+    ((group),) = json.loads(out)
+    assert group["drafts"] == []
+    by_name = {h["name"]: h for h in group["heads"]}
+    assert set(by_name) == {"pub/Head-GGUF/eagle3.gguf", "other-head:latest"}, by_name
+    good, bad = by_name["pub/Head-GGUF/eagle3.gguf"], by_name["other-head:latest"]
+    assert good["kind"] == "eagle3" and good["fits"] and good["drafts"] and good["problems"] == []
+    assert not bad["fits"] and not bad["drafts"]
+    assert any(p.startswith("hidden size: head reads rows of 4096") for p in bad["problems"]), bad
     rc, out, err = specli("pairs", "ollama:bigram", env=env)
-    assert rc == 0 and "eagle3" not in out and "other-head" not in out, out
+    assert rc == 0 and "EAGLE-3 head" in out and "fits this target" in out and "built for another target" in out, out
+    assert "draft model" not in out

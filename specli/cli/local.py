@@ -96,25 +96,34 @@ Examples:
 def pairs_cmd(target: str | None = typer.Argument(None, help="Only this target (any model reference)."),
               as_json: bool = typer.Option(False, "--json", help="One JSON list, one object per target.")):
     """Which models on disk can draft for which target, by llama.cpp's tokenizer rules read from
-    the headers (the check `specli check` makes), with the parameter ratio, and whether the target
-    can draft with its own MTP layers: the pairs you can run now without downloading anything."""
+    the headers (the check `specli check` makes), with the parameter ratio, whether the target
+    can draft with its own MTP layers, and the drafting heads on disk of its tokenizer (MTP-only,
+    EAGLE-3, DFlash): what each is and whether it fits this target (hidden size, the target
+    layers it reads, its mask token or draft vocabulary). The pairs you can run now without
+    downloading anything."""
     from specli.resolve import local, models
 
     found = local.scan()
     if target is None:
-        groups = [(t.found.name, t.found.ref, t.path, t.summary, d) for t, d in local.pairs(found)]
+        groups = [(t.found.name, t.found.ref, t.path, t.summary, d, h) for t, d, h in local.pairs(found)]
     else:
         path = local.local_path(target)
-        s = local.summarise(models.header_of(target))
-        groups = [(target, target, path, s, local.drafts_for(s, path, found))]
+        th = models.header_of(target)
+        s = local.summarise(th)
+        groups = [(target, target, path, s, local.drafts_for(s, path, found), local.heads_of(th, path, found))]
     if as_json:
         print(json.dumps([{"target": name, "ref": ref, "path": path, "mtp_layers": s.mtp_layers,
                            "mtp_usable": s.mtp_usable,
                            "drafts": [{"store": p.draft.found.store, "name": p.draft.found.name,
                                        "ref": p.draft.found.ref, "path": p.draft.path, "ratio": round(p.ratio, 2),
                                        "same_family": p.same_family, "auto": i == 0 and local.auto_pick(p)}
-                                      for i, p in enumerate(d)]}
-                          for name, ref, path, s, d in groups], indent=1))
+                                      for i, p in enumerate(d)],
+                           "heads": [{"store": f.head.found.store, "name": f.head.found.name, "ref": f.head.found.ref,
+                                      "path": f.head.path, "kind": f.kind,
+                                      "fits": not f.problems, "problems": list(f.problems),
+                                      "drafts": f.usable, "not_drafted_because": f.not_driven}
+                                     for f in h]}
+                          for name, ref, path, s, d, h in groups], indent=1))
         return
     _print_pairs(groups, len([m for m in found if m.ok and not m.same_as]), target)
 
@@ -124,21 +133,31 @@ def _print_pairs(groups, n_models: int, target: str | None) -> None:
     from rich.table import Table
 
     from specli.resolve import local, stores
+    from specli.resolve.gguf_header import HEAD_SHORT
 
     con = _console()
     if not groups:
         con.print(f"no model on disk can draft for another ({n_models} usable models; see specli models)")
         return
     t = Table(box=None, pad_edge=False)
-    for c in ("target", "drafter", "from", "ratio", "same family", "--draft auto"):
+    for c in ("target", "drafter", "kind", "from", "ratio", "same family", "--draft auto", "note"):
         t.add_column(c, justify="right" if c == "ratio" else "left", overflow="fold")
-    for name, _, _, s, drafts in groups:
+    for name, _, _, s, drafts, heads in groups:
+        picked = s.mtp_usable
         if s.mtp_usable:
-            t.add_row(escape(name), f"its own MTP layers ({s.mtp_layers})", "—", "—", "—", "first choice")
+            t.add_row(escape(name), f"its own MTP layers ({s.mtp_layers})", "MTP layers", "—", "—", "—",
+                      "first choice", "")
+        for f in heads:  # --draft auto takes a fitting head after the target's own MTP layers
+            pick = "✓" if f.usable and not picked else ""
+            picked = picked or f.usable
+            note = (f"specli does not draft with {f.not_driven}" if f.not_driven else
+                    f"built for another target: {'; '.join(f.problems)}" if f.problems else "fits this target")
+            t.add_row(escape(name), escape(f.head.found.ref), HEAD_SHORT[f.kind], stores.LABELS[f.head.found.store],
+                      "—", "", pick, escape(note), style=None if f.usable else "dim")
         for i, p in enumerate(drafts):
-            pick = "✓" if i == 0 and not s.mtp_usable and local.auto_pick(p) else ""
-            t.add_row(escape(name), escape(p.draft.found.ref), stores.LABELS[p.draft.found.store],
-                      f"{p.ratio:.1f}x", "✓" if p.same_family else "", pick)
-        if not drafts and not s.mtp_usable:
-            t.add_row(escape(name), f"none on disk ({n_models} usable models)", "", "", "", "")
+            pick = "✓" if i == 0 and not picked and local.auto_pick(p) else ""
+            t.add_row(escape(name), escape(p.draft.found.ref), "draft model", stores.LABELS[p.draft.found.store],
+                      f"{p.ratio:.1f}x", "✓" if p.same_family else "", pick, "")
+        if not drafts and not heads and not s.mtp_usable:
+            t.add_row(escape(name), f"none on disk ({n_models} usable models)", "", "", "", "", "", "")
     con.print(t)

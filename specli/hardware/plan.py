@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 from specli.errors import SpecliError
-from specli.resolve.gguf_header import GGUFHeader
+from specli.resolve.gguf_header import HEAD_MTP_ONLY, GGUFHeader
 from specli.util import fmt_size
 
 GiB = 1 << 30
@@ -69,6 +69,9 @@ class ModelMemory:
 
 
 def memory_from_header(h: GGUFHeader, kv_type_bytes: float = 2.0, name: str = "") -> ModelMemory:
+    """A model's memory from its header; a drafting head's too (EAGLE-3, DFlash: its layers and
+    its own context's KV; it borrows the target's embeddings and output where it has none; an
+    MTP-only head: its MTP layers and their KV, ``block_count`` counting the trunk it lacks)."""
     n_layer = int(h.arch_key("block_count", 0) or 0)
     if n_layer <= 0:
         raise SpecliError(f"{name or h.path}: the GGUF header has no block_count; cannot plan memory")
@@ -97,7 +100,8 @@ def memory_from_header(h: GGUFHeader, kv_type_bytes: float = 2.0, name: str = ""
     n_head_kv = int(n_head_kv)
     k_len = int(h.arch_key("attention.key_length", n_embd // max(n_head, 1)) or 0)
     v_len = int(h.arch_key("attention.value_length", n_embd // max(n_head, 1)) or 0)
-    kv_tok = int(n_layer * n_head_kv * (k_len + v_len) * kv_type_bytes)
+    kv_layers = h.mtp_layers if h.head_kind == HEAD_MTP_ONLY else n_layer  # an MTP context caches those alone
+    kv_tok = int(kv_layers * n_head_kv * (k_len + v_len) * kv_type_bytes)
     n_vocab = len(h.get("tokenizer.ggml.tokens", [])) or int(h.arch_key("vocab_size", 32000) or 32000)
     return ModelMemory(name or str(h.get("general.name", "model")), n_layer, tuple(layers), out, inp, kv_tok,
                        n_vocab, n_embd, tied)
@@ -132,7 +136,7 @@ def make_plan(target: ModelMemory, draft: ModelMemory | None, budget: int | None
         d_full = draft.gpu_bytes(-1, n_ctx, n_batch)
         d_w = draft.gpu_bytes(-1, 0, n_batch) - draft.compute(n_batch)
         need = t_full + d_full
-        parts = (f"target {fmt_size(t_w)} + draft {fmt_size(d_w)} + KV {fmt_size(t_kv + draft.kv(n_ctx))} "
+        parts = (f"target {fmt_size(t_w)} + {draft.name} {fmt_size(d_w)} + KV {fmt_size(t_kv + draft.kv(n_ctx))} "
                  f"+ buffers {fmt_size(target.compute(n_batch) + draft.compute(n_batch))}")
         if need <= budget:
             return Plan(-1, dmode, -1, "both-gpu",

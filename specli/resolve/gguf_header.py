@@ -115,6 +115,8 @@ LAYER_INPUT_ARCHITECTURES = frozenset({
 
 # trained drafting heads (GGUFHeader.head_kind)
 HEAD_MTP_ONLY, HEAD_EAGLE3, HEAD_DFLASH = "mtp-only", "eagle3", "dflash"
+HEAD_SHORT = {HEAD_MTP_ONLY: "MTP-only head", HEAD_EAGLE3: "EAGLE-3 head", HEAD_DFLASH: "DFlash head",
+              "dspark": "DSpark head"}
 HEAD_NAMES = {HEAD_MTP_ONLY: "an MTP-only head (llama.cpp draft-mtp with a separate model)",
               HEAD_EAGLE3: "an EAGLE-3 head (llama.cpp draft-eagle3)",
               HEAD_DFLASH: "a DFlash head (llama.cpp draft-dflash)",

@@ -21,7 +21,6 @@ from pathlib import Path
 from specli.errors import SpecliError
 from specli.resolve import integrity, stores, vocab
 from specli.resolve.gguf_header import (
-    HEAD_DRAFTERS,
     HEAD_NAMES,
     LLAMA_ARCHITECTURES,
     MTP_ARCHITECTURES,
@@ -250,30 +249,57 @@ def drafts_for(target: Summary, target_path: str | None, models: list[LocalModel
     return sorted(out, key=lambda p: (not p.same_family, abs(math.log(p.ratio / IDEAL_RATIO)), p.draft.found.name))
 
 
-def heads_for(th: GGUFHeader, target_path: str | None, models: list[LocalModel],
-              note: Callable[[str], None]) -> list[LocalModel]:
-    """The drafting heads on disk that specli drafts with (MTP-only, EAGLE-3, DFlash) and that fit
-    this target: its tokenizer, then llama.cpp's checks from the headers (gguf_header.head_fit). A
-    head of this tokenizer built for another target is left out with a note."""
-    target = summarise(th)
+@dataclass(frozen=True)
+class HeadFit:
+    """A drafting head on disk with a target's tokenizer, and what it is to that target."""
+
+    head: LocalModel
+    kind: str  # gguf_header.HEAD_NAMES's key: mtp-only, eagle3, dflash, dspark
+    problems: tuple[str, ...]  # the rules it fails ("rule: detail"): built for another target
+    not_driven: str | None  # why specli does not draft with it (gguf_header.head_not_driven)
+
+    @property
+    def usable(self) -> bool:
+        return not self.problems and not self.not_driven
+
+
+def heads_of(th: GGUFHeader | Callable[[], GGUFHeader], target_path: str | None,
+             models: list[LocalModel]) -> list[HeadFit]:
+    """Every drafting head on disk (MTP-only, EAGLE-3, DFlash, ...) with this target's tokenizer,
+    checked against it by llama.cpp's rules from the headers (gguf_header.head_fit). ``th``: the
+    target's header, or what reads it (read only when a head has its tokenizer)."""
     out = []
+    target = None
     for m in models:
         s = m.summary
-        if not m.ok or m.same_as or s.head not in HEAD_DRAFTERS:
+        if not m.ok or m.same_as or not s.head or _file_key(m.path) == _file_key(target_path):
             continue
+        if target is None:
+            th = th() if callable(th) else th
+            target = summarise(th)
         if not compatible(target, target_path, s, m.path):
             continue
         try:
             hh = read_gguf(m.path)
-        except SpecliError:
+        except SpecliError:  # the file changed or went away since it was listed
             continue
-        if head_not_driven(hh):
-            continue
-        bad = [f"{rule}: {detail}" for ok, rule, detail in head_fit(th, hh) if not ok]
-        if bad:
-            note(f"--draft auto: skipped {m.path}: {HEAD_NAMES[s.head]} built for another target ({'; '.join(bad)})")
-        else:
-            out.append(m)
+        bad = tuple(f"{rule}: {detail}" for ok, rule, detail in head_fit(th, hh) if not ok)
+        out.append(HeadFit(m, s.head, bad, head_not_driven(hh)))
+    return out
+
+
+def heads_for(th: GGUFHeader, target_path: str | None, models: list[LocalModel],
+              note: Callable[[str], None]) -> list[LocalModel]:
+    """The drafting heads on disk that specli drafts with (MTP-only, EAGLE-3, DFlash) and that fit
+    this target (:func:`heads_of`). A head of this tokenizer built for another target is left out
+    with a note."""
+    out = []
+    for h in heads_of(th, target_path, models):
+        if h.problems and not h.not_driven:
+            note(f"--draft auto: skipped {h.head.path}: {HEAD_NAMES[h.kind]} built for another target "
+                 f"({'; '.join(h.problems)})")
+        elif h.usable:
+            out.append(h.head)
     return out
 
 
@@ -290,14 +316,17 @@ def _file_key(path: str | None) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino) if st else None
 
 
-def pairs(models: list[LocalModel]) -> list[tuple[LocalModel, list[Pairing]]]:
-    """Each usable model with the local models that can draft for it (targets without any left out)."""
+def pairs(models: list[LocalModel]) -> list[tuple[LocalModel, list[Pairing], list[HeadFit]]]:
+    """Each usable model (not a head) with the local models that can draft for it and the drafting
+    heads of its tokenizer (targets with none of these and no MTP layers of their own left out)."""
     out = []
+    heads = [m for m in models if m.ok and m.summary.head]
     for t in models:
-        if t.ok and not t.same_as:
+        if t.ok and not t.same_as and not t.summary.head:
             found = drafts_for(t.summary, t.path, models)
-            if found or t.summary.mtp_usable:
-                out.append((t, found))
+            fits = heads_of(lambda t=t: read_gguf(t.path), t.path, heads) if heads else []
+            if found or fits or t.summary.mtp_usable:
+                out.append((t, found, fits))
     return out
 
 
