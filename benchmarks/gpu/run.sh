@@ -8,7 +8,9 @@
 #             variants (load_check.py) until one works, which the later phases then use
 #   5 costs   the 7B's verify cost curve and the 0.5B's per-token cost -> $OUT/gpu-costs.json
 #   6 replay  python -m research.studies.replay --no-measured --costs $OUT/gpu-costs.json --traces benchmarks/gpu/cache/traces
-#   7 tests   the exactness tests with every model offloaded
+#   7 heads   what an EAGLE-3, a DFlash and an MTP-only head cost per pass on synthetic weights
+#             (head_costs.py) -> gpu-costs.json's "heads"
+#   8 tests   the exactness tests with every model offloaded
 # Each phase has its own time limit inside a total of BUDGET seconds (570); a failed phase does not
 # stop the later ones. Prints each phase's time; $OUT gets run.log, gpu-costs.json, models.json,
 # build.log.gz, tests.xml, replay.md + replay.json, phases.json (8 files, the most that come back).
@@ -229,7 +231,16 @@ replay() {
   $PY -m research.studies.replay --no-measured --costs "$OUT/gpu-costs.json" --traces "$CACHE/traces" \
       --suites "$suites" --k-max "$K_MAX" --grid-c "" --out "$OUT/replay.md"
 }
-export -f deps build synth loadcheck costs tests replay cuda_cmake_args
+
+heads() {
+  . "$WORK/variant.env" 2>/dev/null
+  local quick=()
+  [ "$DRY" = 1 ] && quick=(--quick)
+  # into gpu-costs.json (under "heads"): the files that come back are few
+  $PY "$HERE/head_costs.py" --tokenizer "$CACHE/smollm2-tokenizer.gguf" --out "$OUT/gpu-costs.json" \
+      --cache "$WORK/head-models" --gpu-layers "$GPU_LAYERS" --threads "$JOBS" --reps "$REPS" "${quick[@]}"
+}
+export -f deps build synth loadcheck costs tests replay heads cuda_cmake_args
 
 phase deps 90 deps
 # the models need only numpy + gguf: write them while the build keeps the CPUs busy
@@ -247,6 +258,7 @@ phase loadcheck 120 loadcheck
 phase costs 150 costs
 # the replay first: it is the figures this run is for, and takes seconds
 phase replay 60 replay
+phase heads 75 heads
 phase tests 240 tests
 
 printf '[%s]\n' "$(IFS=,; echo "${PHASES[*]}")" > "$OUT/phases.json"
