@@ -151,30 +151,26 @@ def eagle(smol_gguf):
     return get
 
 
-@pytest.mark.parametrize("mode", ["full", "partial"])
-def test_an_eagle3_head_drafts_losslessly(eagle, mode):
-    target_path, head_path = eagle(mode)
-    model, head = Model(target_path), Model(head_path)
-    assert read_gguf(head_path).head_kind == "eagle3" and layer_ids(head) == [0, 1, 1]
-    drafted = accepted = 0
-    for text in PROMPTS[:2]:
-        prompt = model.tokenize(text)
-        plain, *_ = run(model, prompt, lambda c: NoDrafter(), 0)
-        out, st, c = run(model, prompt, lambda c: eagle3_drafter(c, head, cfg(0)), 0)
-        assert out == plain, text
-        assert c.tokens == prompt + out[:-1]
-        drafted, accepted = drafted + st.drafted, accepted + st.accepted
-    if mode == "full":  # right only if fed (token at P+1, features of P) at P, rejected rows dropped
-        assert drafted > 0 and accepted == drafted
-    else:
-        assert 0 < accepted < drafted
+@pytest.fixture(scope="session")
+def dflash(smol_gguf):
+    """(copy llama target, DFlash head) paths (tests/tinyheads.py); ``mode`` full: every draft right
+    when the call sequence is (features injected at their positions, the block where llama.cpp
+    puts it); partial: FFN noise and layer 1's features, drafts sometimes wrong."""
+    def get(mode, **kw):
+        return (str(tiny_head_model(TEST_CACHE, smol_gguf, "copy")),
+                str(tiny_head_model(TEST_CACHE, smol_gguf, f"dflash-{mode}", **kw)))
+    return get
 
 
-def test_eagle3_sampling_follows_the_target_distribution(eagle):
-    target_path, head_path = eagle("partial", g_weight=0.1)
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_head_sampling_follows_the_target_distribution(eagle, dflash, kind):
+    """T > 0: the EAGLE-3 head partial (its drafts sometimes wrong), the DFlash head full (right
+    at greedy, so the sampled tokens make the drafts partly wrong)."""
+    target_path, head_path = eagle("partial", g_weight=0.1) if kind == "eagle3" else dflash("full")
+    make = eagle3_drafter if kind == "eagle3" else dflash_drafter
     model, head = Model(target_path), Model(head_path)
     gen = Context(model, cfg(0))
-    assert_sampling_follows_the_target(model, gen, eagle3_drafter(gen, head, cfg(0)), 0, 800)
+    assert_sampling_follows_the_target(model, gen, make(gen, head, cfg(0)), 0, 800)
 
 
 def test_cli_draft_eagle3_head_and_check(eagle, smol_gguf, tmp_path):
@@ -202,22 +198,25 @@ def test_cli_draft_eagle3_head_and_check(eagle, smol_gguf, tmp_path):
     assert "✗ target layers: head reads layers [2, 20, 40], the target has 2" in out
 
 
-def test_eagle3_drafts_under_a_constraint_as_the_grammar_masks(eagle):
-    """The EAGLE-3 drafter is the MTP drafter one position behind, its guide included: under a
-    regex its greedy drafts are masked by the grammar as the target's rows are, so the full head's
-    drafts are all kept, and the output is plain constrained decoding's."""
-    target_path, head_path = eagle("full")
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_a_head_drafts_under_a_constraint_as_the_grammar_masks(eagle, dflash, kind):
+    """Under a regex a head's greedy drafts are masked by the grammar as the target's rows are
+    (the EAGLE-3 drafter is the MTP drafter one position behind, its guide included; DFlash's
+    block rows are read in order under the guide): the output is plain constrained decoding's,
+    and the full EAGLE-3 head's drafts are all kept."""
+    target_path, head_path = (eagle if kind == "eagle3" else dflash)("full")
+    make = eagle3_drafter if kind == "eagle3" else dflash_drafter
     model, head = Model(target_path), Model(head_path)
     constraint = Constraint.regex(EMAIL)
     prompt = model.tokenize(PROMPTS[0])
     plain = generate(Context(model, cfg(0)), prompt, NoDrafter(), SamplingParams(), 40, 4, constraint=constraint)
     c = Context(model, cfg(0))
-    d = eagle3_drafter(c, head, cfg(0))
+    d = make(c, head, cfg(0))
     resp = generate(c, prompt, d, SamplingParams(), 40, 4, constraint=constraint)
     assert [t for ch in resp for t in ch.tokens] == [t for ch in plain for t in ch.tokens]
     assert d.guide is not None  # the loop's guide reached the head's drafting
     st = resp.stats
-    assert st.drafted > 0 and st.accepted == st.drafted, (st.drafted, st.accepted)
+    assert st.drafted > 0 and (kind == "dflash" or st.accepted == st.drafted), (st.drafted, st.accepted)
     d.close()
 
 
@@ -240,31 +239,25 @@ def test_export_names_the_head_as_llama_server_drafts_with_it(eagle, halves, dfl
         assert rc == 1 and err.count("\n") == 1 and "cannot load a GGUF drafting head" in err
 
 
-@pytest.fixture(scope="session")
-def dflash(smol_gguf):
-    """(copy llama target, DFlash head) paths (tests/tinyheads.py); ``mode`` full: every draft right
-    when the call sequence is (features injected at their positions, the block where llama.cpp
-    puts it); partial: FFN noise and layer 1's features, drafts sometimes wrong."""
-    def get(mode, **kw):
-        return (str(tiny_head_model(TEST_CACHE, smol_gguf, "copy")),
-                str(tiny_head_model(TEST_CACHE, smol_gguf, f"dflash-{mode}", **kw)))
-    return get
-
-
 @pytest.mark.parametrize("mode", ["full", "partial"])
-def test_a_dflash_head_drafts_losslessly(dflash, mode):
-    target_path, head_path = dflash(mode)
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_a_head_drafts_losslessly(eagle, dflash, kind, mode):
+    """EAGLE-3: right only if fed (token at P+1, features of P) at P, rejected rows dropped;
+    DFlash: right only if the rows sit at their positions and the block after them."""
+    target_path, head_path = (eagle if kind == "eagle3" else dflash)(mode)
+    make = eagle3_drafter if kind == "eagle3" else dflash_drafter
     model, head = Model(target_path), Model(head_path)
-    assert read_gguf(head_path).head_kind == "dflash" and layer_ids(head) == [0, 1]
+    assert read_gguf(head_path).head_kind == kind
+    assert layer_ids(head) == ([0, 1, 1] if kind == "eagle3" else [0, 1])
     drafted = accepted = 0
     for text in PROMPTS[:2]:
         prompt = model.tokenize(text)
         plain, *_ = run(model, prompt, lambda c: NoDrafter(), 0)
-        out, st, c = run(model, prompt, lambda c: dflash_drafter(c, head, cfg(0)), 0, k=8)
+        out, st, c = run(model, prompt, lambda c: make(c, head, cfg(0)), 0, k=4 if kind == "eagle3" else 8)
         assert out == plain, text
         assert c.tokens == prompt + out[:-1]
         drafted, accepted = drafted + st.drafted, accepted + st.accepted
-    if mode == "full":  # right only if the rows sit at their positions and the block after them
+    if mode == "full":
         assert drafted > 0 and accepted == drafted
     else:
         assert 0 < accepted < drafted
@@ -290,13 +283,6 @@ def test_dflash_drafts_at_most_its_block_and_drops_the_block_again(dflash):
     c.rollback(len(prompt) - 1)
     assert d.ctx.tokens == prompt[:-1]
     d.close()
-
-
-def test_dflash_sampling_follows_the_target_distribution(dflash):
-    target_path, head_path = dflash("full")
-    model, head = Model(target_path), Model(head_path)
-    gen = Context(model, cfg(0))
-    assert_sampling_follows_the_target(model, gen, dflash_drafter(gen, head, cfg(0)), 0, 800)
 
 
 def test_cli_draft_dflash_head_and_check(dflash, smol_gguf, tmp_path):
@@ -345,22 +331,6 @@ def test_cli_draft_dflash_head_and_check(dflash, smol_gguf, tmp_path):
         assert rc != 0 and err.count("\n") == 1 and f"is {what}" in err, err
 
 
-def test_dflash_drafts_under_a_constraint_as_the_grammar_masks(dflash):
-    """The block's rows are masked by the grammar as the target's are: constrained output is plain
-    constrained decoding's."""
-    target_path, head_path = dflash("full")
-    model, head = Model(target_path), Model(head_path)
-    constraint = Constraint.regex(EMAIL)
-    prompt = model.tokenize(PROMPTS[0])
-    plain = generate(Context(model, cfg(0)), prompt, NoDrafter(), SamplingParams(), 30, 4, constraint=constraint)
-    c = Context(model, cfg(0))
-    d = dflash_drafter(c, head, cfg(0))
-    resp = generate(c, prompt, d, SamplingParams(), 30, 4, constraint=constraint)
-    assert [t for ch in resp for t in ch.tokens] == [t for ch in plain for t in ch.tokens]
-    assert d.guide is not None and resp.stats.drafted > 0
-    d.close()
-
-
 def test_the_memory_plan_counts_a_head_as_a_draft_model(dflash, halves, tmp_path):
     """A head's weights, its own context's KV and its buffers count as a draft model's: where the
     GPU holds the target alone, prompt lookup drafts instead of the head; where it holds both, the
@@ -390,3 +360,44 @@ def test_the_memory_plan_counts_a_head_as_a_draft_model(dflash, halves, tmp_path
     _, sidecar = halves("full")
     s = memory_from_header(read_gguf(sidecar))
     assert s.kv_bytes_per_token == 1 * 2 * (16 + 16) * 2  # the MTP layer only: 2 KV heads of 16
+
+
+def test_pairs_and_draft_auto_know_dflash_heads_on_disk(dflash, smol_gguf, tmp_path):
+    """``specli pairs`` lists the DFlash heads of the target's tokenizer on disk: the one that fits
+    (and ``--draft auto`` takes it, the target having no MTP layers), one built for another target
+    with the rules it fails, a DFlash2 head with why specli does not draft with it."""
+    from storehelp import clean_env
+
+    target, head = dflash("full")
+    other = str(tiny_head_model(TEST_CACHE, smol_gguf, "dflash-full", target_hidden=128, d=128, layers=(3, 30)))
+    mine = tmp_path / "models"
+    mine.mkdir()
+    for src, name in ((target, "copy.gguf"), (head, "dflash-copy.gguf"), (other, "dflash-other.gguf")):
+        (mine / name).symlink_to(src)
+    kv = [("u32", "embedding_length", 64), ("u32", "block_count", 1), ("u32", "block_size", 16),
+          ("u32", "tokenizer.ggml.mask_token_id", 5), ("arr_i32", "target_layers", [0, 1]),
+          ("u32", "selector_top_k", 4)]
+    _write(mine / "dflash2.gguf", "dflash", read_tokenizer(smol_gguf), kv, {"fc.weight": np.zeros((64, 128))})
+    home = tmp_path / "home"
+    home.mkdir()
+    env = clean_env(home, SPECLI_MODEL_DIRS=mine, SPECLI_CONFIG_DIR=home / "cfg", SPECLI_CACHE=tmp_path / "cache")
+    copy = str(mine / "copy.gguf")
+    rc, out, err = specli("pairs", copy, "--json", env=env)
+    assert rc == 0, err
+    ((group),) = json.loads(out)
+    assert group["drafts"] == []  # heads are not draft models
+    heads = {h["name"].rsplit("/", 1)[-1]: h for h in group["heads"]}
+    assert set(heads) == {"dflash-copy.gguf", "dflash-other.gguf", "dflash2.gguf"}, heads
+    assert heads["dflash-copy.gguf"]["drafts"] and heads["dflash-copy.gguf"]["kind"] == "dflash"
+    assert not heads["dflash-other.gguf"]["fits"]
+    assert any(p.startswith("target layers: head reads layers [3, 30]") for p in heads["dflash-other.gguf"]["problems"])
+    assert heads["dflash2.gguf"]["fits"] and not heads["dflash2.gguf"]["drafts"]
+    assert "DFlash2" in heads["dflash2.gguf"]["not_drafted_because"]
+    rc, out, err = specli("pairs", copy, env=env)
+    assert rc == 0 and "DFlash head" in out and "fits this target" in out and "specli does not draft with" in out
+    rc, out, err = specli("run", "--target", copy, "--draft", "auto", "--raw", "--prompt", PROMPTS[0], "-n", "12",
+                          "-t", "2", "--json", env=env)
+    assert rc == 0, err
+    assert "dflash-copy.gguf), found on disk: a DFlash head (llama.cpp draft-dflash) that fits this target" in err
+    assert "skipped" in err and "dflash-other.gguf" in err
+    assert json.loads(out)["stats"]["mode"] == "dflash-lookup"

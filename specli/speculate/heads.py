@@ -45,12 +45,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from specli.engine import LX, Context, ContextConfig, DecodeListener, L, Model, mtp_available
+from specli.engine import LX, Context, ContextConfig, L, Model, mtp_available
 from specli.errors import SpecliError
-from specli.hardware import calibrate
 from specli.resolve.gguf_header import HEAD_DFLASH, HEAD_EAGLE3, HEAD_NAMES, head_fit
-from specli.speculate.drafters import Draft, PaidDrafter, Source, greedy_drafts
-from specli.speculate.mtp import MTPDrafter
+from specli.speculate.drafters import Draft, Source, greedy_drafts
+from specli.speculate.mtp import FedDrafter, MTPDrafter
 from specli.speculate.settings import DEFAULTS
 
 EAGLE3 = Source("eagle3")  # fed inside the target's pass, like MTP
@@ -232,7 +231,7 @@ def dflash_context(target: Context, head: Model, cfg: ContextConfig) -> Context:
     return ctx
 
 
-class DFlashDrafter(PaidDrafter, DecodeListener):
+class DFlashDrafter(FedDrafter):
     """Greedy drafts from a DFlash head: one pass over [last token, masks] gives the block's
     drafts; they are read in order, stopping when the top probability falls below ``p_min`` or
     when ``keep_going`` says the next token does not pay (the pass is paid once, whatever the
@@ -315,16 +314,9 @@ class DFlashDrafter(PaidDrafter, DecodeListener):
             ctx.rollback(pos0)  # the block's rows go; the verify pass feeds the real ones
         return Draft(toks, DFLASH, conf, passes=0)
 
-    def behind(self, context: Sequence[int]) -> int:
-        """Nothing to catch up on: the target's own passes feed the head."""
-        return 0
-
-    def token_cost(self) -> float:
-        """Seconds of one block pass (the whole draft's cost, whatever its length)."""
-        return calibrate.cached_cost(self.cost_key, self.target, self.pass_time)
-
     def pass_time(self, reps: int = 4) -> float:
-        """Seconds per block pass, measured now (the best of ``reps``)."""
+        """Seconds per block pass, measured now (the best of ``reps``): the whole draft's cost,
+        whatever its length (the controller's price of the pass, ``Controller.draft_costs``)."""
         pos0 = self.ctx.n_past
         if pos0 + self.block > self.ctx.n_ctx:
             return 0.0
@@ -342,12 +334,8 @@ class DFlashDrafter(PaidDrafter, DecodeListener):
             self.ctx.rollback(pos0)
         return best
 
-    def repair(self) -> None:
-        self.ctx.repair()
-
     def close(self) -> None:
-        self.target.unlisten(self)
         if self._inject is not None:
             L.llama_batch_ext_free(self._inject)
             self._inject = None
-        self.ctx.close()
+        super().close()

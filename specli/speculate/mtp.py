@@ -33,7 +33,34 @@ from specli.speculate.drafters import MTP, Draft, PaidDrafter, greedy_drafts
 from specli.speculate.settings import DEFAULTS
 
 
-class MTPDrafter(PaidDrafter, DecodeListener):
+class FedDrafter(PaidDrafter, DecodeListener):
+    """A drafter with a context of its own fed by the target's passes (``ctx``, listening to
+    ``target``): MTP layers, an EAGLE-3 or a DFlash head. Nothing to catch up on before drafting;
+    its cost is a pass it measures (``pass_time``), cached under ``cost_key``."""
+
+    target: Context
+    ctx: Context
+    cost_key: str
+
+    def behind(self, context: Sequence[int]) -> int:
+        """Nothing to catch up on: the target's own passes feed it."""
+        return 0
+
+    def token_cost(self) -> float:
+        return calibrate.cached_cost(self.cost_key, self.target, self.pass_time)
+
+    def pass_time(self, reps: int = 4) -> float:
+        raise NotImplementedError
+
+    def repair(self) -> None:
+        self.ctx.repair()
+
+    def close(self) -> None:
+        self.target.unlisten(self)
+        self.ctx.close()
+
+
+class MTPDrafter(FedDrafter):
     """Greedy drafts from the target's MTP head, stopping (like a draft model) when its top
     probability falls below ``p_min`` or when ``keep_going`` says the next token does not pay.
     ``ctx``: the MTP context over the target (:meth:`Context.mtp_context`); the drafter must
@@ -105,13 +132,6 @@ class MTPDrafter(PaidDrafter, DecodeListener):
             ctx.rollback(at)  # the verify pass feeds the real rows for these positions
         return Draft(toks, self.source, conf, passes=passes)
 
-    def behind(self, context: Sequence[int]) -> int:
-        """Nothing to catch up on: the target's own passes feed the MTP layers."""
-        return 0
-
-    def token_cost(self) -> float:
-        return calibrate.cached_cost(self.cost_key, self.target, self.pass_time)
-
     def pass_time(self, reps: int = 4) -> float:
         """Seconds per MTP forward pass, measured now (the best of ``reps``)."""
         pos0 = self.ctx.n_past
@@ -127,10 +147,3 @@ class MTPDrafter(PaidDrafter, DecodeListener):
             best = min(best, time.perf_counter() - t)
         self.ctx.rollback(pos0)
         return best
-
-    def repair(self) -> None:
-        self.ctx.repair()
-
-    def close(self) -> None:
-        self.target.unlisten(self)
-        self.ctx.close()
