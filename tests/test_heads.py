@@ -304,6 +304,7 @@ def test_cli_draft_dflash_head_and_check(dflash, smol_gguf, tmp_path):
     assert "draft: a DFlash head (llama.cpp draft-dflash)" in out and "✓ hidden size" in out
     assert "✓ target layers: head reads layers [0, 1], the target has 2" in out
     assert "✓ mask token: token 12345, the target's vocabulary has 49152" in out
+    assert "block: 4 tokens, a draft of up to 3 in one pass" in out
     assert "(--draft HEAD drafts with it: DFlash, a block a pass)" in out
     # a head built for another target (its hidden size and layers): one line, from the headers
     other = str(tiny_head_model(TEST_CACHE, smol_gguf, "dflash-full", target_hidden=128, d=128, layers=(3, 30)))

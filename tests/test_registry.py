@@ -34,7 +34,8 @@ def _tokens(sess: Session, mode) -> tuple[list[int], str]:
 def test_every_kind_has_an_entry_and_every_mode_a_name():
     assert set(registry.REGISTRY) == set(DraftKind)
     assert list(MODES) == ["none", "lookup", "lookup-fixed", "model", "hybrid", "model-fixed",
-                           "mtp", "mtp-lookup", "mtp-fixed", "eagle3", "eagle3-lookup", "eagle3-fixed"]
+                           "mtp", "mtp-lookup", "mtp-fixed", "eagle3", "eagle3-lookup", "eagle3-fixed",
+                           "dflash", "dflash-lookup", "dflash-fixed"]
     assert all(registry.mode(name).name == name for name in MODES)
     # --fixed on a kind with two sources drafts with its paid one alone; none has no length policy
     assert registry.mode_for(DraftKind.HYBRID, adaptive=False) == MODES["model-fixed"]
@@ -59,16 +60,19 @@ def test_every_mode_builds_and_keeps_the_target_text(tiny_target, tiny_draft, sm
     mtp_target = str(tiny_2026_model(TEST_CACHE, smol_gguf, "qwen35-mtp-full"))
     pair = Session(Options(target=tiny_target, draft=tiny_draft), build_drafter=False)
     mtp = Session(Options(target=mtp_target, draft="mtp", f32_kv=True), build_drafter=False)
-    # drafting heads in their own files: an MTP-only sidecar (the MTP modes) and an EAGLE-3 head
+    # drafting heads in their own files: an MTP-only sidecar (the MTP modes), an EAGLE-3 and a DFlash head
     trunk, sidecar = (str(tiny_2026_model(TEST_CACHE, smol_gguf, f"qwen35-{k}-full")) for k in ("trunk", "mtp-only"))
     side = Session(Options(target=trunk, draft=sidecar, f32_kv=True), build_drafter=False)
     bigram, head = (str(tiny_head_model(TEST_CACHE, smol_gguf, k)) for k in ("bigram", "eagle3-full"))
     eagle = Session(Options(target=bigram, draft=head, f32_kv=True), build_drafter=False)
+    copy, dhead = (str(tiny_head_model(TEST_CACHE, smol_gguf, k)) for k in ("copy", "dflash-full"))
+    dflash = Session(Options(target=copy, draft=dhead, f32_kv=True), build_drafter=False)
     built = set()
     try:
         assert side.draft.head == sidecar and side.draft.mtp and not side.draft.loads_mtp
         assert eagle.draft.head == head and eagle.draft.kind is DraftKind.EAGLE3_LOOKUP
-        for sess in (pair, mtp, side, eagle):
+        assert dflash.draft.head == dhead and dflash.draft.kind is DraftKind.DFLASH_LOOKUP
+        for sess in (pair, mtp, side, eagle, dflash):
             plain, _ = _tokens(sess, "none")
             for m in sess.modes():
                 sess.prepare(m)
@@ -82,8 +86,9 @@ def test_every_mode_builds_and_keeps_the_target_text(tiny_target, tiny_draft, sm
         assert isinstance(pair.paid(DraftKind.MODEL), PaidDrafter) and pair.paid(DraftKind.MODEL).token_cost() > 0
         assert isinstance(mtp.paid(DraftKind.MTP), PaidDrafter) and mtp.paid(DraftKind.MTP).token_cost() > 0
         assert eagle.paid(DraftKind.EAGLE3).token_cost() > 0 and side.paid(DraftKind.MTP).token_cost() > 0
+        assert dflash.paid(DraftKind.DFLASH).token_cost() > 0
     finally:
-        for sess in (pair, mtp, side, eagle):
+        for sess in (pair, mtp, side, eagle, dflash):
             sess.close()
 
 

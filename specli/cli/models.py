@@ -64,6 +64,9 @@ def check(target: str = typer.Argument(..., help="Target model reference."),
     fit = head_fit(th, dh) if kind else []
     if kind:
         print(f"draft: {HEAD_NAMES[kind]}, architecture {dh.architecture}")
+        if dh.architecture == "dflash":  # llama.cpp reads dflash.block_size, 16 when absent
+            block = int(dh.arch_key("block_size", 16) or 16)
+            print(f"block: {block} tokens, a draft of up to {block - 1} in one pass")
         for ok, name, detail in fit:
             print(f"{'✓' if ok else '✗'} {name}: {detail}")
     rules = vocab.check_vocab(vocab_from_header(th), vocab_from_header(dh))
