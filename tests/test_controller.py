@@ -304,3 +304,19 @@ def test_costs_follow_measured_steps():
     assert cm.verify[0] == 1.0  # single tokens keep their own ratio
     cm.observe_draft(2, 0.2)
     assert cm.draft_token == pytest.approx(0.3)
+
+
+def test_a_dflash_pass_is_priced_once_per_draft():
+    """A DFlash head drafts its whole block in one pass: the controller charges that pass to the
+    first token and nothing to the others (a draft model or MTP pays a pass a token), so a good
+    head drafts to the end of its block, which caps its candidate, where a drafter as good but
+    paying a pass a token as dear as a target token does not draft at all."""
+    dflash = Source("dflash")
+    ctl = Controller(CostModel([T * c for c in GPU_CURVE], T), k_max=8)
+    assert ctl.draft_costs(dflash) == (0.0, T)
+    assert ctl.draft_costs(MODEL) == (T, T)
+    for _ in range(20):
+        ctl.observe(dflash, 3, 3)
+        ctl.observe(MODEL, 3, 3)
+    assert ctl.decide({dflash: 3}, k_cap=8).k == 3
+    assert ctl.decide({MODEL: 3}, k_cap=8).k == 0
