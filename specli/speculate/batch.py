@@ -332,6 +332,8 @@ class Batch:
         step = max(1, min(chunk, ctx.n_batch // n))
         self.slots = [Slot(i, SeqContext(ctx, i, self.batcher, step)) for i in range(n)]
         for s in self.slots:
+            s.ctx.clear()  # whatever an earlier batch on this context left there
+        for s in self.slots:
             s.drafter = BatchDrafter(registry.build(self.mode, _SlotParts(session, s)), self, s)
         self._taken = 0
 
