@@ -33,7 +33,7 @@ from specli.engine import Context, SeqContext
 from specli.errors import SpecliError
 from specli.speculate import registry
 from specli.speculate.adaptive import AdaptiveDrafter
-from specli.speculate.controller import block_ratio
+from specli.speculate.controller import block_ratio, prior
 from specli.speculate.drafters import LOOKUP, Draft, Drafter, ModelDrafter, Source
 from specli.speculate.loop import Response, generate
 from specli.speculate.registry import DraftKind
@@ -222,7 +222,8 @@ class BatchDrafter(Drafter):
     def __init__(self, inner: Drafter, batch: Batch, slot: Slot):
         self.inner, self.batch, self.slot = inner, batch, slot
         self.name = inner.name
-        self.source: Source = LOOKUP  # what it drafted with last
+        model = getattr(inner, "model", None)  # what it drafted with last (before: its draft model, else lookup)
+        self.source: Source = inner.msource if isinstance(inner, AdaptiveDrafter) and model is not None else LOOKUP
 
     def begin(self, prompt, max_tokens) -> None:
         self.inner.begin(prompt, max_tokens)
@@ -236,7 +237,7 @@ class BatchDrafter(Drafter):
         d = self.inner
         if not isinstance(d, AdaptiveDrafter):
             return None
-        a = d.ctl.acceptance(self.source)
+        a = d.ctl.sources.get(self.source) or prior(self.source)  # read only: its thread may be learning
         return Estimate(a.alpha_first, a.alpha_rest, 0.0 if self.source.free else d.ctl.cost.draft_token, cap)
 
     def propose(self, context: Sequence[int], max_len: int) -> Draft:
