@@ -201,25 +201,28 @@ class Servers:
     def __init__(self, log_dir: Path):
         self.ls = llama_server_module()
         self.log_dir = log_dir
-        self.up: dict[str, tuple[contextlib.AbstractContextManager, openai.OpenAI, str, list[str]]] = {}
+        self.up: dict[str, tuple[contextlib.ExitStack, openai.OpenAI, str, list[str]]] = {}
 
-    def start(self, name: str, argv_for) -> None:
-        port = self.ls.free_port()
-        argv = argv_for(port)
+    def start(self, name: str, argv_for, n: int) -> None:
+        """Start a server and warm it with ``n`` clients at once (first-touch costs, buffers sized
+        for a batch of ``n``: they belong to no mode)."""
+        argv = argv_for(self.ls.free_port())
         print(f"starting {name}: {' '.join(argv)}", file=sys.stderr, flush=True)
-        cm = self.ls.running(argv, self.log_dir / f"{name}.log")
-        url = cm.__enter__()
-        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=1200)
-        self.up[name] = (cm, client, client.models.list().data[0].id, argv)
-        ask(client, self.up[name][2], WARMUP, 8)  # first-touch costs belong to no mode
+        with contextlib.ExitStack() as stack:
+            url = stack.enter_context(self.ls.running(argv, self.log_dir / f"{name}.log"))
+            client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=1200)
+            stack.callback(client.close)
+            model = client.models.list().data[0].id
+            failed = [c["error"] for c in wave(client, model, [WARMUP] * n, 16)["clients"] if "error" in c]
+            if failed:
+                raise RuntimeError(f"{name} failed its warm-up: {failed[0]} (log: {self.log_dir / name}.log)")
+            self.up[name] = (stack.pop_all(), client, model, argv)
 
     def client(self, name: str) -> tuple[openai.OpenAI, str]:
         return self.up[name][1], self.up[name][2]
 
     def stop(self, name: str) -> None:
-        cm, client, _, _ = self.up.pop(name)
-        client.close()
-        cm.__exit__(None, None, None)
+        self.up.pop(name)[0].close()
 
     def close(self) -> None:
         for name in list(self.up):
@@ -392,7 +395,7 @@ def main() -> int:
     ap.add_argument("--draft", default="auto", help="specli's drafter for the speculative modes (and llama-server's)")
     ap.add_argument("--clients", type=parse_clients, default=None, help="concurrent clients (default 1,2,4,8)")
     ap.add_argument("--prompts", type=int, default=None, help=f"the first P of the {len(PROMPTS)} prompts")
-    ap.add_argument("--max-tokens", type=int, default=None, help="tokens a request (default 112)")
+    ap.add_argument("--max-tokens", type=int, default=None, help="tokens a request (default 96)")
     ap.add_argument("--repeat", type=int, default=1, help="rounds of every wave in every mode")
     ap.add_argument("--threads", type=int, default=None, help="threads of every server (default: the cores)")
     ap.add_argument("--modes", default=",".join(MODES[:3]), help=f"of {', '.join(MODES[:3])}")
@@ -404,7 +407,7 @@ def main() -> int:
     a = ap.parse_args()
     a.clients = a.clients or ([1, 2] if a.quick else [1, 2, 4, 8])
     a.prompts = a.prompts or (2 if a.quick else len(PROMPTS))
-    a.max_tokens = a.max_tokens or (32 if a.quick else 112)
+    a.max_tokens = a.max_tokens or (32 if a.quick else 96)
     a.threads = a.threads or os.cpu_count() or 1
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     if unknown := [m for m in modes if m not in SPECLI_MODES]:
@@ -444,7 +447,7 @@ def main() -> int:
     runs: dict[str, dict[int, list[dict]]] = {m: {} for m in modes}
     commands: dict[str, list[str]] = {}
     try:
-        servers.start("serial", argv_for("serial", 1))
+        servers.start("serial", argv_for("serial", 1), 1)
         commands["serial"] = servers.up["serial"][3]
         client, model = servers.client("serial")
         ref = {}
@@ -455,7 +458,7 @@ def main() -> int:
             here = [m for m in modes if runnable(m, n, parallel)]
             for m in here:
                 if m != "serial":
-                    servers.start(m, argv_for(m, n))
+                    servers.start(m, argv_for(m, n), n)
                     commands[f"{m} (N={n})"] = servers.up[m][3]
             waves = [prompts[i:i + n] for i in range(0, len(prompts), n)]
             for r in range(a.repeat):
