@@ -30,7 +30,7 @@ must equal it, or part where the target's two best tokens were a near-tie
 The report states issue #30's goal and whether this run met it: with 4 clients, batched
 speculative aggregate tokens/s >= 1.5x the serial server's and never below batched plain's,
 every specli text identical to its single-client text or parted at a near-tie. Full run
-(about 25 min on the 2-core development VM; ``--quick``: 2 prompts, N in {1, 2}, 32 tokens):
+(about 20-25 min on the idle 2-core development VM; ``--quick``: 2 prompts, N in {1, 2}, 32 tokens):
 
     python benchmarks/parallel_bench.py --profile default --llama-server \\
         --out research/results/parallel_bench.json --md research/results/parallel_bench.md
