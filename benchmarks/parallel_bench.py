@@ -54,6 +54,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import openai
 
 from specli.engine import extra_buffer_types
@@ -279,7 +280,7 @@ def wave(client: openai.OpenAI, model: str, prompts: list[str], max_tokens: int)
         gate.wait()
         try:
             results[i] = ask(client, model, prompts[i], max_tokens)
-        except openai.APIError as e:
+        except (openai.APIError, httpx.HTTPError) as e:  # refused, or the stream broke: counted, not fatal
             results[i] = {"error": f"{type(e).__name__}: {e}"}
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
@@ -380,9 +381,9 @@ def parse_clients(text: str) -> list[int]:
     try:
         ns = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--clients: comma-separated positive integers, not {text!r}") from None
+        raise argparse.ArgumentTypeError(f"comma-separated positive integers, not {text!r}") from None
     if not ns or ns[0] < 1:
-        raise argparse.ArgumentTypeError(f"--clients: comma-separated positive integers, not {text!r}")
+        raise argparse.ArgumentTypeError(f"comma-separated positive integers, not {text!r}")
     return ns
 
 
