@@ -533,6 +533,21 @@ def text_cell(vs: list[str] | None, missing: str) -> str:
             + (f", **{bad} not**" if bad else ""))
 
 
+def per_client(rep: dict, modes: list[str], n: int) -> list[str]:
+    """Every client of the first round with ``n`` clients: time to first token and tokens/s by mode."""
+    firsts = {m: [c for w in rep["runs"][m].get(n, []) if w["round"] == 0 for c in w["clients"]] for m in modes}
+    shown = [m for m in modes if firsts[m]]
+    if not shown:
+        return []
+    lines = ["", f"## Each of {n} clients (round 0): time to first token s / tokens/s", "",
+             "| wave | prompt | " + " | ".join(shown) + " |", "|---" * (len(shown) + 2) + "|"]
+    for i, c0 in enumerate(firsts[shown[0]]):
+        cells = [f"{c['ttft']:.2f} / {c['tok_s']:.2f}" if "error" not in c else "failed"
+                 for c in (firsts[m][i] for m in shown)]
+        lines.append(f"| {i // n} | {c0['prompt']} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def render(rep: dict) -> str:
     modes = [m for m in rep["summary"] if rep["summary"][m]]
     ns = rep["clients"]
@@ -574,6 +589,7 @@ def render(rep: dict) -> str:
         lines.append(f"| {n} | " + " | ".join(cell(m, n, lambda s: f"{s['client_tok_s_median']:.2f} "
                                                                     f"({s['client_tok_s_min']:.2f})")
                                               for m in modes) + " |")
+    lines += per_client(rep, modes, GOAL_CLIENTS if GOAL_CLIENTS in ns else ns[-1])
     lines += ["", "## Drafted / accepted tokens, cached prompt tokens, failed requests", "",
               "| clients | " + " | ".join(modes) + " |", "|---" * (len(modes) + 1) + "|"]
     for n in ns:

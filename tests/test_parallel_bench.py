@@ -170,7 +170,8 @@ def test_report_states_the_goal_and_the_machine():
     tie = "def add(a, b): return a + b"
 
     def wave(texts, rate_s):
-        return {"clients": [client("p", t, 10, 0, rate_s) for t in texts], "wall": rate_s, "load": 1.0}
+        return {"round": 0, "wave": 0, "clients": [client("p", t, 10, 0, rate_s, ttft=rate_s / 10) for t in texts],
+                "wall": rate_s, "load": 1.0}
 
     runs = {"serial": {1: [wave([REF], 1.0)] * 4, 4: [wave([REF] * 4, 4.0)]},
             "batched-plain": {1: [wave([REF], 1.1)] * 4, 4: [wave([REF] * 4, 2.5)]},
@@ -192,6 +193,9 @@ def test_report_states_the_goal_and_the_machine():
     assert "| batched-spec | = serial | 3 identical of 4, 1 near-tie |" in md
     assert "| llama-server | 4 identical of 4 | 3 identical of 4, **1 not** |" in md
     assert "- batched-spec, 4 clients, p: differs from the single-client text at character 14" in md
+    # each of the 4 clients, by mode
+    assert "| wave | prompt | serial | batched-plain | batched-spec | llama-server |" in md
+    assert "| 0 | p | 0.40 / 10.00 | 0.25 / 10.00 | 0.20 / 10.00 | 0.22 / 10.00 |" in md
 
 
 def test_clients_and_modes():
