@@ -571,31 +571,24 @@ def render(rep: dict) -> str:
              f"greedy, up to {rep['max_tokens']} tokens each, {rep['repeat']} round(s); streamed openai clients, "
              "N at once per wave, modes interleaved wave by wave.", ""]
     lines += [f"Note: {n}." for n in rep["notes"]] + ([""] if rep["notes"] else [])
-    lines += goal_lines(rep["goal"]) + ["", "## Aggregate tokens/s (x the serial server with as many clients)", "",
-                                        "| clients | " + " | ".join(modes) + " |", "|---" * (len(modes) + 1) + "|"]
-    for n in ns:
-        lines.append(f"| {n} | " + " | ".join(cell(m, n, lambda s, n=n: f"{s['agg_tok_s']:.2f} "
-                                                  f"({s['agg_tok_s'] / serial[n]['agg_tok_s']:.2f}x)"
-                                                  if serial.get(n) and serial[n]['agg_tok_s'] else
-                                                  f"{s['agg_tok_s']:.2f}") for m in modes) + " |")
-    lines += ["", "## Each client: time to first token, mean / max (s)", "",
-              "| clients | " + " | ".join(modes) + " |", "|---" * (len(modes) + 1) + "|"]
-    for n in ns:
-        lines.append(f"| {n} | " + " | ".join(cell(m, n, lambda s: f"{s['ttft_mean']:.2f} / {s['ttft_max']:.2f}")
-                                              for m in modes) + " |")
-    lines += ["", "## Each client: tokens/s after its first token, median (slowest)", "",
-              "| clients | " + " | ".join(modes) + " |", "|---" * (len(modes) + 1) + "|"]
-    for n in ns:
-        lines.append(f"| {n} | " + " | ".join(cell(m, n, lambda s: f"{s['client_tok_s_median']:.2f} "
-                                                                    f"({s['client_tok_s_min']:.2f})")
-                                              for m in modes) + " |")
+    def table(title: str, fmt) -> list[str]:
+        """Clients by mode, one summary figure a cell."""
+        return ["", f"## {title}", "", "| clients | " + " | ".join(modes) + " |", "|---" * (len(modes) + 1) + "|",
+                *(f"| {n} | " + " | ".join(cell(m, n, lambda s, n=n: fmt(s, n)) for m in modes) + " |" for n in ns)]
+
+    def agg(s: dict, n: int) -> str:
+        base = serial.get(n, {}).get("agg_tok_s")
+        return f"{s['agg_tok_s']:.2f}" + (f" ({s['agg_tok_s'] / base:.2f}x)" if base else "")
+
+    lines += goal_lines(rep["goal"])
+    lines += table("Aggregate tokens/s (x the serial server with as many clients)", agg)
+    lines += table("Each client: time to first token, mean / max (s)",
+                   lambda s, n: f"{s['ttft_mean']:.2f} / {s['ttft_max']:.2f}")
+    lines += table("Each client: tokens/s after its first token, median (slowest)",
+                   lambda s, n: f"{s['client_tok_s_median']:.2f} ({s['client_tok_s_min']:.2f})")
     lines += per_client(rep, modes, GOAL_CLIENTS if GOAL_CLIENTS in ns else ns[-1])
-    lines += ["", "## Drafted / accepted tokens, cached prompt tokens, failed requests", "",
-              "| clients | " + " | ".join(modes) + " |", "|---" * (len(modes) + 1) + "|"]
-    for n in ns:
-        lines.append(f"| {n} | " + " | ".join(cell(m, n, lambda s: f"{s['drafted']} / {s['accepted']}, "
-                                                                    f"{s['cached']}, {len(s['errors'])}")
-                                              for m in modes) + " |")
+    lines += table("Drafted / accepted tokens, cached prompt tokens, failed requests",
+                   lambda s, n: f"{s['drafted']} / {s['accepted']}, {s['cached']}, {len(s['errors'])}")
     lines += ["", "## Texts against the single-client text", "",
               "Each prompt alone on the serial server first (with the target's top-2 logprobs) gave the "
               "single-client text; a text that parts from it is checked at the reference token where it "
