@@ -117,7 +117,7 @@ class Model:
         self.n_embd = int(L.llama_model_n_embd(self._model))
         # MTP (NextN) layers loaded with the model: self-speculation needs them
         self.n_mtp_layers = int(L.llama_model_n_layer_nextn(self._model)) if load_mtp else 0
-        self._piece_buf = ctypes.create_string_buffer(256)
+        self._pieces: dict[tuple[int, bool], bytes] = {}
         self._eog = np.array([bool(L.llama_vocab_is_eog(self.vocab, i)) for i in range(self.n_vocab)])
 
     @property
@@ -159,12 +159,16 @@ class Model:
         return list(buf[:n])
 
     def piece(self, token: int, special: bool = False) -> bytes:
-        n = L.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = L.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
-            return buf.raw[:n]
-        return self._piece_buf.raw[:n]
+        key = (token, special)
+        got = self._pieces.get(key)
+        if got is None:  # a buffer per call: requests of a batch detokenize on their own threads
+            buf = ctypes.create_string_buffer(256)
+            n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = L.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
+            got = self._pieces[key] = buf.raw[:n]
+        return got
 
     def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
         return b"".join(self.piece(t, special) for t in tokens).decode("utf-8", "replace")
@@ -379,19 +383,23 @@ class Context:
         """Drop every cached token from position ``n_keep`` on."""
         if n_keep >= self.n_past:
             return
+        self.eval(self._cut(n_keep), "none")
+        for lst in self.listeners:
+            lst.truncated(self, n_keep)
+
+    def _cut(self, n_keep: int) -> list[int]:
+        """Drop the cache from ``n_keep`` on; the kept tokens to decode again (after a checkpoint)."""
         can_cut = self.rollback_kind == "kv" or (self.rollback_kind == "snapshots"
                                                   and self.n_past - n_keep <= self._cuttable)
         if can_cut and L.llama_memory_seq_rm(self._mem, self.seq, n_keep, -1):
             del self.tokens[n_keep:]
             self._cuttable = 0
-        else:
-            self._restore(n_keep)
-        for lst in self.listeners:
-            lst.truncated(self, n_keep)
+            return []
+        return self._rewind(n_keep)
 
-    def _restore(self, n_keep: int) -> None:
+    def _rewind(self, n_keep: int) -> list[int]:
         """Rollback where the memory cannot drop a partial sequence: back to the checkpoint
-        (or to nothing), then decode the kept tokens after it again."""
+        (or to nothing); the kept tokens after it, to decode again."""
         keep = self.tokens[:n_keep]
         pos = 0
         if self._checkpoint and self._checkpoint[0] <= n_keep:
@@ -408,13 +416,17 @@ class Context:
         self.n_restored += 1
         replay = keep[pos:]
         self.n_replayed += len(replay)
-        self.eval(replay, "none")
+        return replay
 
     def repair(self) -> None:
         """Drop cache entries past the tokens this object knows of (after an interrupt
         between llama_decode and the bookkeeping)."""
-        if self.rollback_kind != "kv" or not L.llama_memory_seq_rm(self._mem, self.seq, len(self.tokens), -1):
-            self._restore(len(self.tokens))
+        self.eval(self._repair_cut(), "none")
+
+    def _repair_cut(self) -> list[int]:
+        if self.rollback_kind == "kv" and L.llama_memory_seq_rm(self._mem, self.seq, len(self.tokens), -1):
+            return []
+        return self._rewind(len(self.tokens))
 
     def listen(self, listener: DecodeListener, replay: bool = False) -> None:
         """Tell ``listener`` about every decode and truncation from now on; ``replay``: decode
@@ -493,8 +505,8 @@ class SeqContext(Context):
     mark, rollback, sync, clear) on its own sequence id. Its blocks are decoded by
     ``batcher`` (:class:`specli.speculate.batch.Batcher`), which puts those of every active
     sequence into one llama_decode; every llama.cpp call on the shared context holds
-    ``batcher.lock``. ``n_batch``: the most tokens one step decodes for it (a prompt goes in
-    chunks of that size, between the other sequences' steps)."""
+    ``batcher.lock`` (never while it waits for a batch). ``n_batch``: the most tokens one step
+    decodes for it (a prompt goes in chunks of that size, between the other sequences' steps)."""
 
     def __init__(self, parent: Context, seq: int, batcher, n_batch: int):
         self.parent, self.batcher, self.seq = parent, batcher, seq
@@ -521,17 +533,17 @@ class SeqContext(Context):
         with self.batcher.lock:
             super().mark(across_decodes)
 
-    def rollback(self, n_keep: int) -> None:
+    def _cut(self, n_keep: int) -> list[int]:
         with self.batcher.lock:
-            super().rollback(n_keep)
+            return super()._cut(n_keep)
 
-    def repair(self) -> None:
+    def _repair_cut(self) -> list[int]:
         with self.batcher.lock:
-            super().repair()
+            return super()._repair_cut()
 
-    def clear(self) -> None:
+    def _forget(self) -> None:
         with self.batcher.lock:
-            super().clear()
+            super()._forget()
 
     def listen(self, listener: DecodeListener, replay: bool = False) -> None:
         raise SpecliError("a sequence of a shared context feeds no listener (MTP and EAGLE-3 draft one sequence)")

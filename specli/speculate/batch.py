@@ -59,12 +59,14 @@ class Batcher:
     llama_decode once every member has asked (a thread that is not a member is served at
     once, in the next batch). ``members``: the threads generating now (:meth:`join`,
     :meth:`leave`; :meth:`away` while one waits on something else, so it holds nobody up).
-    ``lock`` guards every llama.cpp call on the context."""
+    ``lock`` guards every llama.cpp call on the context (a decode holds it; nobody holds it
+    while waiting for a batch); the members' bookkeeping has a lock of its own, so admitting
+    a request never waits for a decode."""
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
         self.lock = threading.RLock()
-        self._cond = threading.Condition(self.lock)
+        self._cond = threading.Condition(threading.Lock())
         self._pending: list[_Item] = []
         self.members = 0
         self.decodes = 0  # llama_decode calls
@@ -80,7 +82,8 @@ class Batcher:
     def leave(self) -> None:
         with self._cond:
             self.members -= 1
-            self._run_if_ready()
+            ready = self._take_if_ready()
+        self._decode(ready)
 
     @contextmanager
     def away(self) -> Iterator[None]:
@@ -96,39 +99,52 @@ class Batcher:
         item = _Item(seq, tokens, pos0, want)
         with self._cond:
             self._pending.append(item)
-            self._run_if_ready()
+            ready = self._take_if_ready()
+        self._decode(ready)
+        with self._cond:
             while not item.done:
                 self._cond.wait()
         if item.error is not None:
             raise item.error
         return item.rows
 
-    def _run_if_ready(self) -> None:
+    def _take_if_ready(self) -> list[_Item]:
+        """Every pending block once every member has asked (the caller then decodes them)."""
         if not self._pending or len(self._pending) < self.members:
-            return
+            return []
         items, self._pending = sorted(self._pending, key=lambda it: it.seq), []
+        return items
+
+    def _decode(self, items: list[_Item]) -> None:
+        if not items:
+            return
         try:
-            for group in self._groups(items):
-                t0 = time.perf_counter()
-                try:
-                    out = self.ctx.decode_seqs([(it.seq, it.tokens, it.pos0, it.want) for it in group])
-                except SpecliError as e:
-                    for it in group:
-                        it.error = SpecliError(str(e))
-                    continue
-                dt = time.perf_counter() - t0
-                n = sum(len(it.tokens) for it in group)
-                for it, rows in zip(group, out, strict=True):
-                    it.rows = rows
-                    self.share[it.seq] = dt * len(it.tokens) / n
-                self.decodes += 1
-                self.rows += n
-                self.shared += len(group) > 1
-                self.max_seqs = max(self.max_seqs, len(group))
+            with self.lock:
+                for group in self._groups(items):
+                    self._run(group)
         finally:
-            for it in items:
-                it.done = True
-            self._cond.notify_all()
+            with self._cond:
+                for it in items:
+                    it.done = True
+                self._cond.notify_all()
+
+    def _run(self, group: list[_Item]) -> None:
+        t0 = time.perf_counter()
+        try:
+            out = self.ctx.decode_seqs([(it.seq, it.tokens, it.pos0, it.want) for it in group])
+        except SpecliError as e:
+            for it in group:
+                it.error = SpecliError(str(e))
+            return
+        dt = time.perf_counter() - t0
+        n = sum(len(it.tokens) for it in group)
+        for it, rows in zip(group, out, strict=True):
+            it.rows = rows
+            self.share[it.seq] = dt * len(it.tokens) / n
+        self.decodes += 1
+        self.rows += n
+        self.shared += len(group) > 1
+        self.max_seqs = max(self.max_seqs, len(group))
 
     def _groups(self, items: list[_Item]) -> Iterator[list[_Item]]:
         """The items in batches of at most n_batch tokens (one, unless prompts' chunks crowd it)."""
