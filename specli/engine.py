@@ -117,7 +117,7 @@ class Model:
         self.n_embd = int(L.llama_model_n_embd(self._model))
         # MTP (NextN) layers loaded with the model: self-speculation needs them
         self.n_mtp_layers = int(L.llama_model_n_layer_nextn(self._model)) if load_mtp else 0
-        self._piece_buf = ctypes.create_string_buffer(256)
+        self._pieces: dict[tuple[int, bool], bytes] = {}
         self._eog = np.array([bool(L.llama_vocab_is_eog(self.vocab, i)) for i in range(self.n_vocab)])
 
     @property
@@ -159,12 +159,16 @@ class Model:
         return list(buf[:n])
 
     def piece(self, token: int, special: bool = False) -> bytes:
-        n = L.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = L.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
-            return buf.raw[:n]
-        return self._piece_buf.raw[:n]
+        key = (token, special)
+        got = self._pieces.get(key)
+        if got is None:  # a buffer per call: requests of a batch detokenize on their own threads
+            buf = ctypes.create_string_buffer(256)
+            n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = L.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
+            got = self._pieces[key] = buf.raw[:n]
+        return got
 
     def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
         return b"".join(self.piece(t, special) for t in tokens).decode("utf-8", "replace")
@@ -185,6 +189,9 @@ class ContextConfig:
     # hybrid/recurrent models: recurrent-state snapshots kept for rollback (the most tokens
     # one rollback may drop; 0: checkpoints only)
     n_rs_seq: int = 0
+    # sequences (slots) in the context, each of n_ctx tokens (llama.cpp's n_seq_max, KV not
+    # unified: n_ctx_seq = n_ctx); their views are SeqContext
+    n_seq: int = 1
 
 
 class DecodeListener:
@@ -198,16 +205,23 @@ class DecodeListener:
 
 class Context:
     """One KV cache (sequence 0) on a model. ``tokens`` mirrors what the cache holds.
-    ``ctx_type``/``other``: an MTP context over the same model, reading ``other``'s state."""
+    ``ctx_type``/``other``: an MTP context over the same model, reading ``other``'s state.
+    With ``cfg.n_seq`` > 1 the cache holds that many sequences of ``n_ctx`` tokens each; this
+    object speaks for sequence 0, :meth:`decode_seqs` decodes several in one batch and
+    :class:`SeqContext` is one sequence's view."""
+
+    seq = 0  # the sequence this object's eval, rollback and mark act on
 
     def __init__(self, model: Model, cfg: ContextConfig, ctx_type: int = 0, other: Context | None = None):
         self.model = model
         cp = L.llama_context_default_params()
         n_ctx = cfg.n_ctx if cfg.n_ctx > 0 else model.n_ctx_train
-        cp.n_ctx = n_ctx
-        cp.n_batch = min(cfg.n_batch, n_ctx)
-        cp.n_ubatch = min(cfg.n_batch, n_ctx)
-        cp.n_seq_max = 1
+        n_seq = max(1, cfg.n_seq)
+        cp.n_ctx = n_ctx * n_seq
+        cp.n_batch = min(cfg.n_batch, n_ctx * n_seq)
+        cp.n_ubatch = min(cfg.n_batch, n_ctx * n_seq)
+        cp.n_seq_max = n_seq
+        cp.kv_unified = False  # each sequence its own cells: n_ctx_seq = n_ctx / n_seq_max
         threads = cfg.n_threads or max(1, os.cpu_count() or 1)
         cp.n_threads = threads
         cp.n_threads_batch = threads
@@ -226,7 +240,9 @@ class Context:
             raise SpecliError(f"llama.cpp could not create a context of {n_ctx} tokens for {model.path} "
                               "(out of memory? try a smaller --ctx)")
         # llama.cpp rounds the context up (to a multiple of 256): the size asked for stays the limit
-        self.n_ctx = min(int(L.llama_n_ctx(self._ctx)), n_ctx)
+        self.n_ctx = min(int(L.llama_n_ctx_seq(self._ctx)), n_ctx)
+        self.n_seq = n_seq
+        self.n_rows = 0  # tokens decoded, every sequence together
         self.n_batch = int(cp.n_batch)
         self.threads = threads
         self._mem = L.llama_get_memory(self._ctx)
@@ -280,22 +296,14 @@ class Context:
             chunk = tokens[start:start + self.n_batch]
             last_chunk = start + len(chunk) == n
             pos0 = self.n_past
-            for i, t in enumerate(chunk):
-                b.token[i] = t
-                b.pos[i] = pos0 + i
-                b.n_seq_id[i] = 1
-                b.seq_id[i][0] = 0
-                b.logits[i] = logits == "all" or (logits == "last" and last_chunk and i == len(chunk) - 1)
-            if embd is not None:
-                rows = np.ctypeslib.as_array(b.embd, shape=(self.n_batch, self.model.n_embd))
-                rows[:len(chunk)] = embd[start:start + len(chunk)]
-            b.n_tokens = len(chunk)
-            rc = L.llama_decode(self._ctx, b)
-            self.n_decode_calls += 1
-            if rc != 0:
+            want = [logits == "all" or (logits == "last" and last_chunk and i == len(chunk) - 1)
+                    for i in range(len(chunk))]
+            try:
+                out = self._decode_chunk(b, chunk, pos0, want,
+                                         None if embd is None else embd[start:start + len(chunk)])
+            except SpecliError:
                 self.rollback(pos0)
-                raise SpecliError(f"llama_decode failed with code {rc} at position {pos0}"
-                                  + (" (KV cache full)" if rc == 1 else ""))
+                raise
             self.tokens.extend(int(t) for t in chunk)
             self._cuttable = min(self.n_rs_seq, len(chunk) - 1)
             start += len(chunk)
@@ -303,9 +311,48 @@ class Context:
                 lst.decoded(self, chunk, pos0)
         if logits == "none":
             return []
-        idx = range(n) if logits == "all" else [-1]
+        return out if logits == "all" else out[-1:]
+
+    def _decode_chunk(self, b, chunk: Sequence[int], pos0: int, want: Sequence[bool],
+                      embd: np.ndarray | None) -> list[np.ndarray]:
+        """One llama_decode of ``chunk`` at ``pos0`` in this sequence: the logits rows asked for."""
+        if embd is not None:
+            rows = np.ctypeslib.as_array(b.embd, shape=(self.n_batch, self.model.n_embd))
+            rows[:len(chunk)] = embd
+        return self.decode_seqs([(self.seq, chunk, pos0, want)], b)[0]
+
+    def decode_seqs(self, items: Sequence[tuple[int, Sequence[int], int, Sequence[bool]]], b=None
+                    ) -> list[list[np.ndarray]]:
+        """ONE llama_decode over several sequences. ``items``: (sequence, tokens, first position,
+        logits wanted per token), their tokens together no more than n_batch. Returns each
+        item's logits rows: views into llama.cpp's buffer, valid until the next decode."""
+        b = self._batch if b is None else b
+        i = sum(len(it[1]) for it in items)
+        if i > self.n_batch:
+            raise ValueError(f"a batch of {i} tokens is more than n_batch ({self.n_batch})")
+        i = 0
+        for seq, toks, pos0, want in items:
+            for j, t in enumerate(toks):
+                b.token[i] = t
+                b.pos[i] = pos0 + j
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = seq
+                b.logits[i] = bool(want[j])
+                i += 1
+        b.n_tokens = i
+        rc = L.llama_decode(self._ctx, b)
+        self.n_decode_calls += 1
+        self.n_rows += i
+        if rc != 0:
+            raise SpecliError(f"llama_decode failed with code {rc} at position {items[0][2]}"
+                              + (" (KV cache full)" if rc == 1 else ""))
         nv = self.model.n_vocab
-        return [np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, i), shape=(nv,)) for i in idx]
+        out, i = [], 0
+        for _, toks, _, want in items:
+            out.append([np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, i + j), shape=(nv,))
+                        for j in range(len(toks)) if want[j]])
+            i += len(toks)
+        return out
 
     def _embd_batch(self):
         """A batch carrying token ids and embedding rows together. llama_batch_init allocates
@@ -324,10 +371,10 @@ class Context:
         if self.rollback_kind == "kv" or (self.rollback_kind == "snapshots" and not across_decodes):
             return
         flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-        size = int(L.llama_state_seq_get_size_ext(self._ctx, 0, flags))
+        size = int(L.llama_state_seq_get_size_ext(self._ctx, self.seq, flags))
         reuse = self._checkpoint and len(self._checkpoint[1]) == size
         buf = self._checkpoint[1] if reuse else (ctypes.c_uint8 * size)()
-        if int(L.llama_state_seq_get_data_ext(self._ctx, buf, size, 0, flags)) != size:
+        if int(L.llama_state_seq_get_data_ext(self._ctx, buf, size, self.seq, flags)) != size:
             self._checkpoint = None
             return
         self._checkpoint = (self.n_past, buf)
@@ -336,41 +383,50 @@ class Context:
         """Drop every cached token from position ``n_keep`` on."""
         if n_keep >= self.n_past:
             return
-        can_cut = self.rollback_kind == "kv" or (self.rollback_kind == "snapshots"
-                                                  and self.n_past - n_keep <= self._cuttable)
-        if can_cut and L.llama_memory_seq_rm(self._mem, 0, n_keep, -1):
-            del self.tokens[n_keep:]
-            self._cuttable = 0
-        else:
-            self._restore(n_keep)
+        self.eval(self._cut(n_keep), "none")
         for lst in self.listeners:
             lst.truncated(self, n_keep)
 
-    def _restore(self, n_keep: int) -> None:
+    def _cut(self, n_keep: int) -> list[int]:
+        """Drop the cache from ``n_keep`` on; the kept tokens to decode again (after a checkpoint)."""
+        can_cut = self.rollback_kind == "kv" or (self.rollback_kind == "snapshots"
+                                                  and self.n_past - n_keep <= self._cuttable)
+        if can_cut and L.llama_memory_seq_rm(self._mem, self.seq, n_keep, -1):
+            del self.tokens[n_keep:]
+            self._cuttable = 0
+            return []
+        return self._rewind(n_keep)
+
+    def _rewind(self, n_keep: int) -> list[int]:
         """Rollback where the memory cannot drop a partial sequence: back to the checkpoint
-        (or to nothing), then decode the kept tokens after it again."""
+        (or to nothing); the kept tokens after it, to decode again."""
         keep = self.tokens[:n_keep]
         pos = 0
         if self._checkpoint and self._checkpoint[0] <= n_keep:
             pos, buf = self._checkpoint
-            restored = L.llama_state_seq_set_data_ext(self._ctx, buf, len(buf), 0, L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
-            if not restored or not L.llama_memory_seq_rm(self._mem, 0, pos, -1):
+            restored = L.llama_state_seq_set_data_ext(self._ctx, buf, len(buf), self.seq,
+                                                      L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+            if not restored or not L.llama_memory_seq_rm(self._mem, self.seq, pos, -1):
                 pos = 0
         if pos == 0:
-            L.llama_memory_clear(self._mem, True)
+            self._forget()
             self._checkpoint = None
         self._cuttable = 0
         del self.tokens[pos:]
         self.n_restored += 1
         replay = keep[pos:]
         self.n_replayed += len(replay)
-        self.eval(replay, "none")
+        return replay
 
     def repair(self) -> None:
         """Drop cache entries past the tokens this object knows of (after an interrupt
         between llama_decode and the bookkeeping)."""
-        if self.rollback_kind != "kv" or not L.llama_memory_seq_rm(self._mem, 0, len(self.tokens), -1):
-            self._restore(len(self.tokens))
+        self.eval(self._repair_cut(), "none")
+
+    def _repair_cut(self) -> list[int]:
+        if self.rollback_kind == "kv" and L.llama_memory_seq_rm(self._mem, self.seq, len(self.tokens), -1):
+            return []
+        return self._rewind(len(self.tokens))
 
     def listen(self, listener: DecodeListener, replay: bool = False) -> None:
         """Tell ``listener`` about every decode and truncation from now on; ``replay``: decode
@@ -420,8 +476,15 @@ class Context:
         """A copy of the hidden row of the last decode's output ``i`` (an MTP context's own)."""
         return np.ctypeslib.as_array(LX.llama_get_embeddings_nextn_ith(self._ctx, i), shape=(self.model.n_embd,)).copy()
 
+    def _forget(self) -> None:
+        """Empty this sequence's cache (the whole memory where it holds one sequence)."""
+        if self.n_seq == 1:
+            L.llama_memory_clear(self._mem, True)
+        else:
+            L.llama_memory_seq_rm(self._mem, self.seq, -1, -1)
+
     def clear(self) -> None:
-        L.llama_memory_clear(self._mem, True)
+        self._forget()
         self.tokens.clear()
         self._checkpoint = None
         for lst in self.listeners:
@@ -435,3 +498,52 @@ class Context:
         n -= n % align
         self.rollback(n)
         return n
+
+
+class SeqContext(Context):
+    """One sequence (a slot) of a multi-sequence :class:`Context`, with the same API (eval,
+    mark, rollback, sync, clear) on its own sequence id. Its blocks are decoded by
+    ``batcher`` (:class:`specli.speculate.batch.Batcher`), which puts those of every active
+    sequence into one llama_decode; every llama.cpp call on the shared context holds
+    ``batcher.lock`` (never while it waits for a batch). ``n_batch``: the most tokens one step
+    decodes for it (a prompt goes in chunks of that size, between the other sequences' steps)."""
+
+    def __init__(self, parent: Context, seq: int, batcher, n_batch: int):
+        self.parent, self.batcher, self.seq = parent, batcher, seq
+        self.model, self._ctx, self._mem = parent.model, parent._ctx, parent._mem
+        self.n_ctx, self.n_seq, self.n_batch, self.threads = parent.n_ctx, parent.n_seq, n_batch, parent.threads
+        self.n_rs_seq, self.rollback_kind = parent.n_rs_seq, parent.rollback_kind
+        self._batch = self._ebatch = None
+        self.tokens = []
+        self.listeners = []
+        self.n_decode_calls = self.n_rows = self.n_restored = self.n_replayed = self._cuttable = 0
+        self._checkpoint = None
+
+    def close(self) -> None:  # the parent owns the llama context
+        pass
+
+    def _decode_chunk(self, b, chunk, pos0, want, embd):
+        if embd is not None:
+            raise SpecliError("a sequence of a shared context takes no embedding rows")
+        self.n_decode_calls += 1
+        self.n_rows += len(chunk)
+        return self.batcher.submit(self.seq, chunk, pos0, want)
+
+    def mark(self, across_decodes: bool = False) -> None:
+        with self.batcher.lock:
+            super().mark(across_decodes)
+
+    def _cut(self, n_keep: int) -> list[int]:
+        with self.batcher.lock:
+            return super()._cut(n_keep)
+
+    def _repair_cut(self) -> list[int]:
+        with self.batcher.lock:
+            return super()._repair_cut()
+
+    def _forget(self) -> None:
+        with self.batcher.lock:
+            super()._forget()
+
+    def listen(self, listener: DecodeListener, replay: bool = False) -> None:
+        raise SpecliError("a sequence of a shared context feeds no listener (MTP and EAGLE-3 draft one sequence)")

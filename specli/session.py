@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from specli.constrain import Constraint, ForcedDrafter
 from specli.engine import Context, ContextConfig, Model
@@ -52,6 +52,7 @@ class Options:
     vram: str | None = None  # overrides the detected GPU budget (--vram / SPECLI_VRAM)
     spec: SpecSettings = field(default_factory=SpecSettings)
     f32_kv: bool = False
+    parallel: int = 1  # sequences (slots) in the target's context, each of n_ctx tokens (serve --parallel)
     given: set[str] = field(default_factory=set)  # options the user typed: a profile does not override them
     notes: list[str] = field(default_factory=list)  # one-line decisions for stderr
 
@@ -111,8 +112,9 @@ def plan_for(opts: Options, target_path: str, draft: DraftPlan) -> tuple[Plan, H
     hw = detect(opts.vram)
     pays = bool(dpath) and calibrate.draft_on_cpu_pays(
         target_path, dpath, opts.threads or os.cpu_count() or 1, min(512, n_ctx), opts.spec.draft_max)
+    kv_ctx = n_ctx * max(1, opts.parallel)  # the KV cache of every slot, each n_ctx tokens
     plan = make_plan(memory_from_header(th, name="target"), memory_from_header(dh, name="draft") if dh else None,
-                     hw.budget, n_ctx, hw.can_offload or hw.budget_source in ("--vram", "SPECLI_VRAM"), bool(pays),
+                     hw.budget, kv_ctx, hw.can_offload or hw.budget_source in ("--vram", "SPECLI_VRAM"), bool(pays),
                      wants_draft=draft.kind.value)
     return plan, hw, n_ctx
 
@@ -277,10 +279,14 @@ class Session:
         if self.hardware.budget is not None:
             opts.notes.append(self.plan.summary)
         self.draft = asked.placed(self.plan)  # what drafts, decided: the GPU may not hold the draft model too
+        if opts.parallel > 1 and (self.draft.mtp or self.draft.eagle3):
+            opts.notes.append(f"--parallel {opts.parallel}: {self.draft.kind} drafts from one sequence's hidden "
+                              "states; drafting with prompt lookup instead")
+            self.draft = DraftPlan(mode_for(DraftKind.LOOKUP, self.draft.mode.adaptive))
         self.target_gpu_layers, self.draft_gpu_layers = gpu_layers(opts, self.plan)
         # the part of the target left on the CPU must fit in host memory: refuse before loading
         check_host_memory(memory_from_header(read_gguf(target_path), name=os.path.basename(target_path)),
-                          self.target_gpu_layers, plan_ctx, *available_ram())
+                          self.target_gpu_layers, plan_ctx * max(1, opts.parallel), *available_ram())
         self.target = Model(target_path, n_gpu_layers=self.target_gpu_layers, load_mtp=self.draft.loads_mtp)
         n_ctx = min(opts.n_ctx, self.target.n_ctx_train) if opts.n_ctx > 0 else self.target.n_ctx_train
         if "ctx" in opts.given and opts.n_ctx > n_ctx:
@@ -289,7 +295,7 @@ class Session:
         # hybrid/recurrent targets keep draft_max recurrent-state snapshots where llama.cpp can
         self.cfg = ContextConfig(n_ctx=n_ctx, n_threads=opts.threads, f32_kv=opts.f32_kv,
                                  n_rs_seq=opts.spec.draft_max)
-        self.ctx = Context(self.target, self.cfg)
+        self.ctx = Context(self.target, replace(self.cfg, n_seq=max(1, opts.parallel)))
         if self.target.recurrent and self.draft.kind is not DraftKind.NONE:
             how = (f"recurrent-state snapshots ({self.ctx.n_rs_seq})" if self.ctx.rollback_kind == "snapshots"
                    else "state checkpoints")

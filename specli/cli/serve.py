@@ -32,6 +32,8 @@ Examples:
 
   specli serve --target model.gguf --draft draft.gguf --port 8080 --queue 16
 
+  specli serve --profile default --parallel 4     # four clients in one batch
+
   SPECLI_API_KEY=secret specli serve --profile default --host 0.0.0.0
 
   specli serve --profile default --port 11434      # where Ollama's clients look
@@ -53,7 +55,11 @@ def serve(
     api_key: str | None = typer.Option(None, "--api-key", envvar="SPECLI_API_KEY", show_envvar=True,
                                           help="Require 'Authorization: Bearer KEY' on /v1 and /api requests."),
     queue: int = typer.Option(8, "--queue", min=0,
-                              help="Requests that may wait behind the one generating; more get 503."),
+                              help="Requests that may wait behind the ones generating; more get 503."),
+    parallel: int = typer.Option(1, "--parallel", min=1, max=64,
+                                 help="Requests generated at once, in one batch, each speculating in its own slot. "
+                                      "Every slot has its own KV cache of --ctx tokens (memory for N of them is "
+                                      "planned); MTP and EAGLE-3 drafting fall back to prompt lookup."),
     name: str | None = typer.Option(None, "--name",
                                        help="Model name in /v1/models (default: the profile or GGUF file name)."),
     temp: float | None = typer.Option(None, "--temp", min=0.0, max=2.0,
@@ -94,7 +100,7 @@ def serve(
     api_key = api_key or None  # an empty SPECLI_API_KEY is no key
     check_bind(host, port, api_key)
     opts = Options(target=target, draft=draft, profile=profile, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers,
-                   draft_gpu_layers=draft_gpu_layers, vram=vram, given=given_options(click_ctx),
+                   draft_gpu_layers=draft_gpu_layers, vram=vram, given=given_options(click_ctx), parallel=parallel,
                    spec=SpecSettings(draft_max=draft_max, draft_p_min=draft_p_min, adaptive=adaptive, hybrid=lookup))
     sess = Session(opts, progress=err)
     for note in opts.notes:
@@ -104,7 +110,8 @@ def serve(
         shown = f"[{host}]" if ":" in host else host
 
         def ready(server) -> None:
-            err(f"serving {api.state.model_ids[0]} (drafter: {sess.drafter.name}) on "
+            slots = f", {parallel} slots" if parallel > 1 else ""
+            err(f"serving {api.state.model_ids[0]} (drafter: {sess.drafter.name}{slots}) on "
                 f"http://{shown}:{bound_port(server)}/v1 (OpenAI) and /api (Ollama)"
                 + (" (API key required)" if api_key else "")
                 + "; Ctrl-C stops")

@@ -31,7 +31,7 @@ from specli.serve.schemas import (
     error_body,
     usage,
 )
-from specli.serve.worker import Event, Job, QueueFull, Worker
+from specli.serve.worker import Event, Job, QueueFull, Worker, make_worker
 from specli.session import Session
 from specli.speculate.loop import check_prompt_fits
 from specli.speculate.verify import SamplingParams
@@ -108,7 +108,7 @@ def create_app(session: Session, name: str | None = None, api_key: str | None = 
     /api. ``temperature`` is what a request that gives none gets (None: each API's own
     default, OpenAI's 1 and Ollama's 0.8)."""
     from specli.serve.ollama import make_router
-    worker = Worker(session, queue)
+    worker = make_worker(session, queue)
     prompter = Prompter(session)
     ids = model_ids(session, name)
 

@@ -1,6 +1,7 @@
 """One llama.cpp context, one generation at a time: a worker thread owns the Session and
 serves the queued jobs in arrival order; each job hands its text to the event loop that is
-answering its request, and stops between chunks when its client has gone."""
+answering its request, and stops between chunks when its client has gone. With
+``--parallel N`` (:class:`ParallelWorker`) up to N jobs generate at once, in one batch."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from dataclasses import dataclass, field
 from specli.constrain import Constraint
 from specli.serve.schemas import FINISH
 from specli.session import Session
-from specli.speculate.loop import Stats, TokenLogprob
+from specli.speculate.batch import Batch, Slot
+from specli.speculate.loop import Response, Stats, TokenLogprob
 from specli.speculate.verify import SamplingParams
 
 
@@ -100,6 +102,8 @@ class Worker:
     generation starts and after its n-th chunk has been handed on (tests hold a generation
     there)."""
 
+    slots = 1  # jobs generating at once
+
     def __init__(self, session: Session, queue: int = 8):
         self.session = session
         self.limit = queue
@@ -122,7 +126,7 @@ class Worker:
         with self._cond:
             if self._stopping:
                 raise QueueFull("the server is shutting down")
-            if len(self._jobs) + (self.active is not None) > self.limit:
+            if len(self._jobs) + self.n_active >= self.limit + self.slots:
                 self.rejected += 1
                 raise QueueFull(f"{self.limit} requests are already waiting")
             job.seq = self.submitted
@@ -134,9 +138,8 @@ class Worker:
         """Stop the running generation and drop the waiting ones (shutting down)."""
         with self._cond:
             self._stopping = True
-            for job in [*self._jobs, self.active]:
-                if job is not None:
-                    job.cancel()
+            for job in [*self._jobs, *self._current()]:
+                job.cancel()
             self._cond.notify()
 
     def stop(self) -> None:
@@ -147,9 +150,16 @@ class Worker:
 
     def status(self) -> dict:
         with self._cond:
-            return {"limit": self.limit, "waiting": len(self._jobs), "active": int(self.active is not None),
+            return {"limit": self.limit, "waiting": len(self._jobs), "active": self.n_active,
                     "served": self.served, "cancelled": self.cancelled, "rejected": self.rejected,
                     "failed": self.failed}
+
+    @property
+    def n_active(self) -> int:
+        return int(self.active is not None)
+
+    def _current(self) -> list[Job]:
+        return [self.active] if self.active is not None else []
 
     # -- the worker thread ---------------------------------------------------------------
     def _run(self) -> None:
@@ -172,12 +182,12 @@ class Worker:
             job.put(Event("cancelled"))
             return
         if self.before_job is not None:
-            self.before_job(job)
+            self._hook(self.before_job, job)
         try:
             finish, stats = self._generate(job)
         except Exception as e:  # noqa: BLE001 - the error goes to the client, the server keeps serving
             self._count("failed")
-            self.session.ctx.clear()  # whatever the cache holds now, the next request re-evaluates
+            self._reset()  # whatever the cache holds now, the next request re-evaluates
             job.put(Event("error", error=e))
             return
         if finish is None:
@@ -189,9 +199,7 @@ class Worker:
 
     def _generate(self, job: Job) -> tuple[str | None, Stats]:
         """Run the generation; the finish reason (None: cancelled) and the stats."""
-        # whole batches of a cached prompt only: a repeated prompt is answered as a fresh run is
-        resp = self.session.generate(job.prompt, job.params, job.max_tokens, exact_prefill=True,
-                                     constraint=job.constraint, logprobs=job.logprobs)
+        resp = self._start(job)
         scan = StopScanner(job.stop)
         stopped = cancelled = False
         try:
@@ -202,7 +210,7 @@ class Worker:
                 if stopped:
                     break
                 if self.after_chunk is not None:
-                    self.after_chunk(job, n)
+                    self._hook(self.after_chunk, job, n)
                 if job.cancelled:
                     cancelled = True
                     break
@@ -215,6 +223,108 @@ class Worker:
             job.put(Event("text", tail))
         return ("stop" if stopped else FINISH.get(resp.finish_reason or "", "stop")), resp.stats
 
+    def _start(self, job: Job) -> Response:
+        # whole batches of a cached prompt only: a repeated prompt is answered as a fresh run is
+        return self.session.generate(job.prompt, job.params, job.max_tokens, exact_prefill=True,
+                                     constraint=job.constraint, logprobs=job.logprobs)
+
+    def _reset(self) -> None:
+        self.session.ctx.clear()
+
+    def _hook(self, hook: Callable, *args) -> None:
+        hook(*args)
+
     def _count(self, what: str) -> None:
         with self._cond:
             setattr(self, what, getattr(self, what) + 1)
+
+
+class ParallelWorker(Worker):
+    """Serves up to ``parallel`` jobs at once, in one batch (:class:`specli.speculate.batch.Batch`
+    over the session's context of that many sequences): the worker thread admits waiting jobs
+    into free slots between steps, each on its own thread; a job that ends or whose client
+    has gone frees its slot at its next step. At most ``queue`` jobs wait behind the running
+    ones. ``hold()``/``release()``: admit nothing meanwhile (tests start several together)."""
+
+    def __init__(self, session: Session, queue: int = 8):
+        super().__init__(session, queue)
+        self.slots = session.ctx.n_seq
+        self.batch = Batch(session, self.slots)
+        self.running: list[Job] = []
+        self._threads: list[threading.Thread] = []
+        self._open = True
+        self._mine = threading.local()  # the slot of the job the current thread serves
+
+    @property
+    def n_active(self) -> int:
+        return len(self.running)
+
+    def _current(self) -> list[Job]:
+        return list(self.running)
+
+    def hold(self) -> None:
+        with self._cond:
+            self._open = False
+
+    def release(self) -> None:
+        with self._cond:
+            self._open = True
+            self._cond.notify_all()
+
+    def status(self) -> dict:
+        return {**super().status(), "parallel": self.slots, "batch": self.batch.stats()}
+
+    def stop(self) -> None:
+        super().stop()
+        self.batch.close()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and (not self._jobs or not self._open or len(self.running) >= self.slots):
+                    self._cond.wait()
+                if self._stopping:
+                    dropped, self._jobs = list(self._jobs), deque()
+                    break
+                take: list[tuple[Job, Slot]] = []
+                while self._jobs and len(self.running) < self.slots:
+                    job = self._jobs.popleft()
+                    take.append((job, self.batch.acquire(job.prompt)))
+                    self.running.append(job)
+                    self.batch.batcher.join()  # from now on each step waits for its first block
+            for job, slot in take:
+                t = threading.Thread(target=self._serve_in, args=(job, slot), name="specli-slot", daemon=True)
+                self._threads = [th for th in self._threads if th.is_alive()] + [t]
+                t.start()
+        for job in dropped:
+            self._count("cancelled")
+            job.put(Event("cancelled"))
+        for t in self._threads:
+            t.join()
+
+    def _serve_in(self, job: Job, slot: Slot) -> None:
+        self._mine.slot = slot
+        try:
+            self._serve(job)
+        finally:
+            self.batch.batcher.leave()
+            self.batch.release(slot)
+            with self._cond:
+                self.running.remove(job)
+                self._cond.notify_all()
+
+    def _start(self, job: Job) -> Response:
+        return self.batch.generate(self._mine.slot, job.prompt, job.params, job.max_tokens, exact_prefill=True,
+                                   constraint=job.constraint, logprobs=job.logprobs)
+
+    def _reset(self) -> None:
+        self._mine.slot.ctx.clear()
+
+    def _hook(self, hook: Callable, *args) -> None:
+        with self.batch.batcher.away():  # the others' steps go on meanwhile
+            hook(*args)
+
+
+def make_worker(session: Session, queue: int = 8) -> Worker:
+    """The worker for ``session``: one job at a time, or a batch where its context holds several sequences."""
+    return ParallelWorker(session, queue) if session.ctx.n_seq > 1 else Worker(session, queue)

@@ -1,0 +1,435 @@
+"""Several requests at once on one target context, speculation kept (``specli serve --parallel N``).
+
+The target's context holds N sequences (slots). Each request runs the ordinary decoding loop
+(:func:`specli.speculate.loop.generate`) on its own thread, on its slot's
+:class:`~specli.engine.SeqContext`, with the slot's own drafter (lookup index, controller,
+draft-model context), its own sampling parameters and random stream. Every decode a request
+asks for goes to the :class:`Batcher`, which waits until every active request has asked (its
+next token plus its draft block, or a chunk of its prompt) and runs them as ONE llama_decode.
+Each request therefore sees exactly the logits it would see alone (up to the float rounding
+of another batch shape), and its output is what it gets served alone.
+
+Draft lengths are chosen for the whole batch (:func:`allocate`): from the calibrated verify
+curve (the cost of a pass over n tokens) and each request's acceptance estimates, draft
+tokens are handed out one at a time to the request whose next token buys the most expected
+tokens per second of batch time, while that beats the batch's rate so far. With one busy slot
+each request drafts as it does alone; with many, the batch already yields a token per slot,
+so only likely tokens are worth their rows. Each request's own controller then drafts at most
+that many.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specli.constrain import Constraint, ForcedDrafter
+from specli.engine import Context, SeqContext
+from specli.errors import SpecliError
+from specli.speculate import registry
+from specli.speculate.adaptive import AdaptiveDrafter
+from specli.speculate.controller import block_ratio
+from specli.speculate.drafters import LOOKUP, Draft, Drafter, ModelDrafter, Source
+from specli.speculate.loop import Response, generate
+from specli.speculate.registry import DraftKind
+from specli.speculate.verify import SamplingParams
+from specli.tokens import common_prefix
+
+PREFILL_CHUNK = 256  # the most prompt tokens one request puts in a step
+
+
+@dataclass
+class _Item:
+    seq: int
+    tokens: Sequence[int]
+    pos0: int
+    want: Sequence[bool]
+    rows: list[np.ndarray] | None = None
+    error: BaseException | None = None
+    done: bool = False
+
+
+class Batcher:
+    """Collects the blocks the active sequences ask to decode and runs them as one
+    llama_decode once every member has asked (a thread that is not a member is served at
+    once, in the next batch). ``members``: the threads generating now (:meth:`join`,
+    :meth:`leave`; :meth:`away` while one waits on something else, so it holds nobody up).
+    ``lock`` guards every llama.cpp call on the context (a decode holds it; nobody holds it
+    while waiting for a batch); the members' bookkeeping has a lock of its own, so admitting
+    a request never waits for a decode."""
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.lock = threading.RLock()
+        self._cond = threading.Condition(threading.Lock())
+        self._pending: list[_Item] = []
+        self.members = 0
+        self.decodes = 0  # llama_decode calls
+        self.rows = 0  # tokens they held
+        self.shared = 0  # decodes that held two sequences or more
+        self.max_seqs = 0  # the most sequences one decode held
+        self.share: dict[int, float] = {}  # per sequence: its part of the last decode's time (by rows)
+
+    def join(self) -> None:
+        with self._cond:
+            self.members += 1
+
+    def leave(self) -> None:
+        with self._cond:
+            self.members -= 1
+            ready = self._take_if_ready()
+        self._decode(ready)
+
+    @contextmanager
+    def away(self) -> Iterator[None]:
+        """A member that waits on something else meanwhile (a client, a test's hook)."""
+        self.leave()
+        try:
+            yield
+        finally:
+            self.join()
+
+    def submit(self, seq: int, tokens: Sequence[int], pos0: int, want: Sequence[bool]) -> list[np.ndarray]:
+        """Decode ``tokens`` in sequence ``seq`` with the others' blocks; the logits rows asked for."""
+        item = _Item(seq, tokens, pos0, want)
+        with self._cond:
+            self._pending.append(item)
+            ready = self._take_if_ready()
+        self._decode(ready)
+        with self._cond:
+            while not item.done:
+                self._cond.wait()
+        if item.error is not None:
+            raise item.error
+        return item.rows
+
+    def _take_if_ready(self) -> list[_Item]:
+        """Every pending block once every member has asked (the caller then decodes them)."""
+        if not self._pending or len(self._pending) < self.members:
+            return []
+        items, self._pending = sorted(self._pending, key=lambda it: it.seq), []
+        return items
+
+    def _decode(self, items: list[_Item]) -> None:
+        if not items:
+            return
+        try:
+            with self.lock:
+                for group in self._groups(items):
+                    self._run(group)
+        finally:
+            with self._cond:
+                for it in items:
+                    it.done = True
+                self._cond.notify_all()
+
+    def _run(self, group: list[_Item]) -> None:
+        t0 = time.perf_counter()
+        try:
+            out = self.ctx.decode_seqs([(it.seq, it.tokens, it.pos0, it.want) for it in group])
+        except SpecliError as e:
+            for it in group:
+                it.error = SpecliError(str(e))
+            return
+        dt = time.perf_counter() - t0
+        n = sum(len(it.tokens) for it in group)
+        for it, rows in zip(group, out, strict=True):
+            it.rows = rows
+            self.share[it.seq] = dt * len(it.tokens) / n
+        self.decodes += 1
+        self.rows += n
+        self.shared += len(group) > 1
+        self.max_seqs = max(self.max_seqs, len(group))
+
+    def _groups(self, items: list[_Item]) -> Iterator[list[_Item]]:
+        """The items in batches of at most n_batch tokens (one, unless prompts' chunks crowd it)."""
+        group: list[_Item] = []
+        n = 0
+        for it in items:
+            if group and n + len(it.tokens) > self.ctx.n_batch:
+                yield group
+                group, n = [], 0
+            group.append(it)
+            n += len(it.tokens)
+        if group:
+            yield group
+
+    def stats(self) -> dict:
+        with self._cond:
+            return {"decodes": self.decodes, "rows": self.rows, "shared_decodes": self.shared,
+                    "max_sequences": self.max_seqs}
+
+
+@dataclass
+class Estimate:
+    """What one request's next draft is worth: the chance its first token is accepted, each
+    later one (given the ones before), the seconds a drafted token costs (0 for lookup), and
+    the most tokens it may draft."""
+
+    first: float
+    rest: float
+    draft_token: float
+    cap: int
+
+
+def allocate(requests: Sequence[Estimate], verify: Sequence[float]) -> list[int]:
+    """Draft lengths for one batch step of these requests. The step costs the verify curve's
+    price of all its rows (one per request, plus the drafts) and yields one token per request
+    plus the expected accepted drafts. Draft tokens are added one at a time where the next
+    one adds the most expected tokens per second it adds, while that beats the step's rate
+    so far (a token the batch's own rate pays better is not drafted). One request alone
+    drafts up to its cap: its own controller prices its draft as it does serving alone."""
+    if len(requests) <= 1:
+        return [r.cap for r in requests]
+
+    def cost(n: int) -> float:
+        return verify[0] * block_ratio(verify, n)
+
+    k = [0] * len(requests)
+    p = [1.0] * len(requests)
+    rows = len(requests)
+    tokens, seconds = float(rows), cost(rows)
+    while True:
+        best, best_i = 0.0, -1
+        extra = cost(rows + 1) - cost(rows)
+        for i, r in enumerate(requests):
+            if k[i] >= r.cap:
+                continue
+            gain = p[i] * (r.first if k[i] == 0 else r.rest)
+            score = gain / max(extra + r.draft_token, 1e-12)
+            if score > best:
+                best, best_i = score, i
+        if best_i < 0 or best * seconds <= tokens:
+            return k
+        r = requests[best_i]
+        p[best_i] *= r.first if k[best_i] == 0 else r.rest
+        tokens += p[best_i]
+        seconds += extra + r.draft_token
+        k[best_i] += 1
+        rows += 1
+
+
+class BatchDrafter(Drafter):
+    """A slot's drafter inside a batch: drafts no more than the batch's allocation gives it,
+    one slot's drafting at a time (a draft model's passes do not fight over the cores), and
+    tells its controller the part of each batch pass its block took, not the whole pass."""
+
+    def __init__(self, inner: Drafter, batch: Batch, slot: Slot):
+        self.inner, self.batch, self.slot = inner, batch, slot
+        self.name = inner.name
+        self.source: Source = LOOKUP  # what it drafted with last
+
+    def begin(self, prompt, max_tokens) -> None:
+        self.inner.begin(prompt, max_tokens)
+
+    def constrain(self, guide) -> None:
+        self.guide = guide
+        self.inner.constrain(guide)
+
+    def estimate(self, cap: int) -> Estimate | None:
+        """This slot's next draft's worth (None: not priced, it drafts ``cap``: --fixed)."""
+        d = self.inner
+        if not isinstance(d, AdaptiveDrafter):
+            return None
+        a = d.ctl.acceptance(self.source)
+        return Estimate(a.alpha_first, a.alpha_rest, 0.0 if self.source.free else d.ctl.cost.draft_token, cap)
+
+    def propose(self, context: Sequence[int], max_len: int) -> Draft:
+        k = self.batch.cap(self.slot, max_len)
+        with self.batch.draft_lock:
+            d = self.inner.propose(context, k)
+        if d.tokens:
+            self.source = d.source
+        return d
+
+    def _verify_time(self, t_verify: float) -> float:
+        return self.batch.batcher.share.get(self.slot.index, t_verify)
+
+    def observe(self, draft: Draft, n_accepted: int, emitted: list[int], t_draft: float, t_verify: float) -> None:
+        self.inner.observe(draft, n_accepted, emitted, t_draft, self._verify_time(t_verify))
+
+    def observe_forced(self, draft, n_forced, n_accepted, emitted, t_draft, t_verify) -> None:
+        self.inner.observe_forced(draft, n_forced, n_accepted, emitted, t_draft, self._verify_time(t_verify))
+
+    def forced(self, n: int, max_len: int) -> int:
+        return self.inner.forced(n, self.batch.cap(self.slot, max_len))
+
+    def continuation(self, context, head, max_len, min_match):
+        return self.inner.continuation(context, head, max_len, min_match)
+
+    def repair(self) -> None:
+        self.inner.repair()
+
+    def plain_rate(self) -> float | None:
+        return self.inner.plain_rate()
+
+
+@dataclass(eq=False)
+class Slot:
+    """One sequence of the target's context and what drafts for it; it keeps its cache (the
+    prompt and answer of its last request) for the next request that shares a prefix."""
+
+    index: int
+    ctx: SeqContext
+    drafter: BatchDrafter | None = None
+    own: list = field(default_factory=list)  # what the slot made for itself (a draft model's context)
+    busy: bool = False
+    used: int = 0  # when it was last taken (for the least recently used)
+
+
+class _SlotParts:
+    """The session's parts as one slot builds its drafter from (:class:`registry.Parts`): the
+    draft model's weights are shared, its context (KV cache) is the slot's own."""
+
+    def __init__(self, session, slot: Slot):
+        self.session, self.slot = session, slot
+
+    @property
+    def settings(self):
+        return self.session.settings
+
+    def lookup(self):
+        return self.session.lookup()
+
+    def verify_costs(self) -> list[float]:
+        return self.session.verify_costs()
+
+    def paid(self, kind: DraftKind):
+        if kind is not DraftKind.MODEL:
+            raise SpecliError(f"--parallel drafts with a draft model or prompt lookup, not {kind}")
+        shared = self.session.paid(kind)  # loads the draft model
+        if self.slot.index == 0:
+            return shared
+        d = ModelDrafter(shared.model, self.session.cfg, p_min=shared.p_min)
+        self.slot.own.append(d)
+        return d
+
+
+class Batch:
+    """``n`` slots on the session's target context (built with ``Options.parallel`` = n). A
+    request :meth:`acquire`\\ s a slot, :meth:`generate`\\ s on it on its own thread as a member
+    of the batch (:meth:`member`), and :meth:`release`\\ s it."""
+
+    def __init__(self, session, n: int | None = None, chunk: int = PREFILL_CHUNK):
+        ctx: Context = session.ctx
+        n = ctx.n_seq if n is None else n
+        if n > ctx.n_seq:
+            raise SpecliError(f"the target's context holds {ctx.n_seq} sequences, not {n}")
+        self.session = session
+        self.mode = session.draft.mode
+        self.draft_max = session.opts.spec.draft_max
+        if self.mode.adaptive and self.mode.kind is not DraftKind.NONE:
+            session.verify_costs()  # calibrated on sequence 0 before any slot holds it
+        ctx.clear()
+        self.batcher = Batcher(ctx)
+        self.draft_lock = threading.Lock()
+        self._lock = threading.Lock()
+        step = max(1, min(chunk, ctx.n_batch // n))
+        self.slots = [Slot(i, SeqContext(ctx, i, self.batcher, step)) for i in range(n)]
+        for s in self.slots:
+            s.drafter = BatchDrafter(registry.build(self.mode, _SlotParts(session, s)), self, s)
+        self._taken = 0
+
+    # -- slots -----------------------------------------------------------------------------
+    def acquire(self, prompt: Sequence[int]) -> Slot | None:
+        """A free slot for ``prompt``: the one whose cache shares the longest prefix with it,
+        else the least recently used; None when every slot is busy."""
+        with self._lock:
+            free = [s for s in self.slots if not s.busy]
+            if not free:
+                return None
+            slot = max(free, key=lambda s: (common_prefix(s.ctx.tokens, prompt), -s.used))
+            slot.busy = True
+            self._taken += 1
+            slot.used = self._taken
+            return slot
+
+    def release(self, slot: Slot) -> None:
+        with self._lock:
+            slot.busy = False
+
+    @property
+    def busy(self) -> int:
+        with self._lock:
+            return sum(s.busy for s in self.slots)
+
+    @contextmanager
+    def member(self) -> Iterator[None]:
+        """The calling thread generates in the batch meanwhile (join before it starts: the
+        batch then waits for its first block)."""
+        self.batcher.join()
+        try:
+            yield
+        finally:
+            self.batcher.leave()
+
+    # -- draft lengths -------------------------------------------------------------------
+    def cap(self, slot: Slot, max_len: int) -> int:
+        """The most tokens ``slot`` may draft this step, by :func:`allocate` over the busy slots."""
+        if max_len <= 0:
+            return 0
+        with self._lock:
+            busy = [s for s in self.slots if s.busy and s.drafter is not None]
+            mine = slot.drafter.estimate(max_len)
+            if mine is None or len(busy) <= 1:
+                return max_len
+            ests = [mine if s is slot else s.drafter.estimate(self.draft_max) for s in busy]
+            caps = allocate(ests, self.session.verify_costs())
+            return min(max_len, caps[busy.index(slot)])
+
+    # -- generation ----------------------------------------------------------------------
+    def generate(self, slot: Slot, prompt: Sequence[int], params: SamplingParams, max_tokens: int,
+                 exact_prefill: bool = False, constraint: Constraint | None = None,
+                 logprobs: int | None = None) -> Response:
+        """:func:`loop.generate` on the slot (iterate it on a member thread)."""
+        d: Drafter = slot.drafter
+        if constraint is not None and d.name != "none":
+            d = ForcedDrafter(d)
+        return generate(slot.ctx, prompt, d, params, max_tokens, self.draft_max, exact_prefill, constraint,
+                        logprobs)
+
+    def run(self, requests: Sequence[dict]) -> list[Response]:
+        """Serve ``requests`` together (keyword arguments of :meth:`generate` without the
+        slot), each on its own thread from the same first step; the finished responses, in
+        order, with their chunks in ``.chunks``. At most one request per slot."""
+        if len(requests) > len(self.slots):
+            raise SpecliError(f"{len(requests)} requests for {len(self.slots)} slots")
+        slots = [self.acquire(r["prompt"]) for r in requests]
+        out: list[Response | None] = [None] * len(requests)
+        errors: list[BaseException] = []
+
+        def one(i: int) -> None:
+            try:
+                resp = self.generate(slots[i], **requests[i])
+                resp.chunks = list(resp)
+                out[i] = resp
+            except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
+                errors.append(e)
+            finally:
+                self.batcher.leave()
+                self.release(slots[i])
+
+        for _ in requests:
+            self.batcher.join()
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(requests))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return out
+
+    def stats(self) -> dict:
+        return {"slots": len(self.slots), "busy": self.busy, **self.batcher.stats()}
+
+    def close(self) -> None:
+        for s in self.slots:
+            for d in s.own:
+                d.close()
+            s.own.clear()

@@ -1,0 +1,125 @@
+"""Several requests in one batch (specli.speculate.batch): on tiny f32 models with an f32 KV
+cache, each request's output equals what it gets served alone, greedy and sampled, on
+attention, hybrid and recurrent targets; the batch really holds several sequences per
+llama_decode; and the draft lengths shrink as the batch fills."""
+
+import pytest
+from conftest import TEST_CACHE
+from tiny2026 import tiny_2026_model
+
+from specli.session import Options, Session
+from specli.speculate.batch import Batch, Estimate, allocate
+from specli.speculate.settings import SpecSettings
+from specli.speculate.verify import SamplingParams
+
+CTX = 512
+PROMPTS = ["Once upon a time", "def fibonacci(n):\n    ", "The capital of France is",
+           "1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3,"]
+MAX_TOKENS = [40, 17, 28, 33]
+
+
+def session(target, draft, parallel, **spec):
+    return Session(Options(target=target, draft=draft, n_ctx=CTX, f32_kv=True, threads=2, parallel=parallel,
+                           spec=SpecSettings(**spec)))
+
+
+def solo(sess, prompt, params, max_tokens):
+    resp = sess.generate(prompt, params, max_tokens)
+    return [t for ch in resp for t in ch.tokens], resp.finish_reason
+
+
+def batched(batch, reqs):
+    out = batch.run(reqs)
+    return [([t for ch in r.chunks for t in ch.tokens], r.finish_reason) for r in out]
+
+
+def requests(sess, params, prompts=PROMPTS, max_tokens=MAX_TOKENS):
+    toks = [sess.target.tokenize(p) for p in prompts]
+    # a long prompt too: it goes in chunks between the others' steps
+    toks[2] = toks[2] + sess.target.tokenize(" and the capital of Spain is Madrid." * 12)
+    return [dict(prompt=t, params=p, max_tokens=m) for t, p, m in zip(toks, params, max_tokens, strict=True)]
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_target, tiny_draft):
+    """The tiny target and draft, served alone and as a batch of four slots."""
+    one = session(tiny_target, tiny_draft, 1)
+    four = session(tiny_target, tiny_draft, 4)
+    yield one, four
+    one.close()
+    four.close()
+
+
+def test_four_greedy_requests_in_one_batch_each_equal_their_solo_answer(pair):
+    one, four = pair
+    reqs = requests(one, [SamplingParams()] * 4)
+    want = [solo(one, **r) for r in reqs]
+    batch = Batch(four, chunk=32)  # a 150-token prompt then takes 5 steps beside the others
+    got = batched(batch, reqs)
+    assert got == want
+    st = batch.stats()
+    assert st["max_sequences"] == 4 and st["shared_decodes"] > 0
+    generated = sum(len(t) for t, _ in got)
+    assert st["decodes"] < generated  # the requests shared their passes
+    # the slots keep their prefixes: asked again, each prompt goes back to its own slot
+    for slot, r in zip(batch.slots, reqs, strict=True):
+        assert slot.ctx.tokens[:len(r["prompt"])] == r["prompt"]
+    again = batched(batch, reqs[::-1])
+    assert again == want[::-1]
+    batch.close()
+
+
+def test_sampled_requests_with_their_own_seeds_equal_their_solo_answers(tiny_target, tiny_draft):
+    """T > 0, a draft model drafting fixed lengths (--fixed): each request's text is the one
+    its seed gives it alone."""
+    one = session(tiny_target, tiny_draft, 1, adaptive=False, draft_max=4)
+    four = session(tiny_target, tiny_draft, 4, adaptive=False, draft_max=4)
+    params = [SamplingParams(temperature=t, top_k=k, top_p=p, seed=s)
+              for t, k, p, s in [(0.8, 0, 0.95, 1), (1.2, 8, 1.0, 2), (0.5, 0, 1.0, 3), (1.0, 40, 0.9, 4)]]
+    reqs = requests(one, params)
+    want = [solo(one, **r) for r in reqs]
+    batch = Batch(four)
+    got = batched(batch, reqs)
+    assert got == want
+    assert four.ctx.n_decode_calls > 0 and batch.stats()["max_sequences"] == 4
+    drafts = {id(s.drafter.inner.ctx) for s in batch.slots if s.drafter.inner.ctx.n_past}
+    assert len(drafts) == 4  # each slot drafts in its own draft-model context
+    batch.close()
+    one.close()
+    four.close()
+
+
+@pytest.mark.parametrize("kind,draft_max", [("qwen35", 6), ("mamba", 6)])
+def test_hybrid_and_recurrent_targets_batch_each_sequence_its_own_state(smol_gguf, kind, draft_max):
+    """Qwen3.5-like (recurrent-state snapshots per sequence) and Mamba (state checkpoints per
+    sequence): lookup drafts, rejected drafts roll each sequence back on its own."""
+    path = str(tiny_2026_model(TEST_CACHE, smol_gguf, kind))
+    one = session(path, "lookup", 1, draft_max=draft_max, adaptive=False)
+    three = session(path, "lookup", 3, draft_max=draft_max, adaptive=False)
+    assert three.ctx.rollback_kind == ("snapshots" if kind == "qwen35" else "checkpoints")
+    base = one.target.tokenize(PROMPTS[0])
+    first, _ = solo(one, base, SamplingParams(), 20)
+    prompts = [base + first + base, one.target.tokenize(PROMPTS[1]), one.target.tokenize(PROMPTS[3])]
+    reqs = [dict(prompt=p, params=SamplingParams(), max_tokens=m) for p, m in zip(prompts, (30, 25, 35), strict=True)]
+    want = [solo(one, **r) for r in reqs]
+    batch = Batch(three)
+    got = batched(batch, reqs)
+    assert got == want
+    assert batch.stats()["max_sequences"] == 3
+    assert sum(s.ctx.n_restored for s in batch.slots) > 0 or kind == "qwen35"
+    one.close()
+    three.close()
+
+
+def test_the_batch_drafts_less_as_it_fills():
+    verify = [0.010 * (1 + 0.05 * k) for k in range(17)]  # a pass over 17 tokens costs 1.8x one
+    sure = Estimate(0.9, 0.9, 0.0, 16)
+    unsure = Estimate(0.4, 0.6, 0.0, 16)
+    assert allocate([sure], verify) == [16]  # alone: its own controller decides, up to its cap
+    two, eight = allocate([sure, sure], verify), allocate([sure] * 8, verify)
+    assert sum(two) > 0 and max(eight) < max(two)
+    mixed = allocate([sure, unsure, sure, unsure], verify)
+    assert mixed[0] > mixed[1] and mixed[2] > mixed[3]
+    # a paid draft token (a draft model's pass) is dearer: fewer of them
+    paid = allocate([Estimate(0.9, 0.9, 0.004, 16)] * 4, verify)
+    assert sum(paid) < sum(allocate([sure] * 4, verify))
