@@ -595,7 +595,7 @@ def render(rep: dict) -> str:
               f"parts: a near-tie when the target's two best were under {NEAR_TIE} logits apart there and the "
               "text goes on with the runner-up. llama-server renders and decodes on its own; its texts are "
               "shown for comparison, outside the goal.", "",
-              "| mode | " + " | ".join(f"{n} clients" for n in ns) + " |", "|---" * (len(ns) + 1) + "|"]
+              "| mode | " + " | ".join(f"N = {n}" for n in ns) + " |", "|---" * (len(ns) + 1) + "|"]
     for m in modes:
         cells = [text_cell(rep["checks"][m].get(n), SAME_AS_SERIAL if m == "batched-spec" and n == 1 else "–")
                  for n in ns]
