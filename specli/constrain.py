@@ -273,6 +273,9 @@ class ForcedDrafter(Drafter):
         self.guide = guide
         self.inner.constrain(guide)
 
+    def sampling(self, sampler) -> None:
+        self.inner.sampling(sampler)
+
     def propose(self, context: Sequence[int], max_len: int) -> Draft:
         self._ours = False
         forced = self.guide.forced(max_len) if self.guide is not None else []

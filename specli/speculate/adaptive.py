@@ -88,6 +88,11 @@ class AdaptiveDrafter(Drafter):
         if self.model is not None:
             self.model.constrain(guide)
 
+    def sampling(self, sampler) -> None:
+        self.sampler = sampler
+        if self.model is not None:
+            self.model.sampling(sampler)
+
     def propose(self, context: Sequence[int], max_len: int) -> Draft:
         cands: dict[Source, int] = {}
         look: list[int] = []

@@ -84,6 +84,7 @@ class Drafter:
 
     name = "none"
     guide = None  # the answer's constraint state, when it has one (see constrain)
+    sampler = None  # the answer's Sampler (see sampling)
 
     def begin(self, prompt: Sequence[int], max_tokens: int | None) -> None:
         """Before an answer: its prompt and the most tokens it may take (None: no cap)."""
@@ -93,6 +94,12 @@ class Drafter:
         or None). The loop clips every draft to what the grammar allows; a model drafter
         drafts under the grammar too (:func:`greedy_drafts`), so its drafts are not cut."""
         self.guide = guide
+
+    def sampling(self, sampler) -> None:
+        """Before an answer: its :class:`specli.speculate.verify.Sampler`. A model drafter
+        drafts with its noise (:func:`draft_top`), so its tokens are the target's own samples
+        wherever the two models agree."""
+        self.sampler = sampler
 
     def propose(self, context: Sequence[int], max_len: int) -> Draft:
         raise NotImplementedError
@@ -160,6 +167,25 @@ def row_top(row: np.ndarray) -> tuple[int, float]:
     """A logits row's argmax and its probability."""
     tok = int(row.argmax())
     return tok, 1.0 / float(np.exp(row - row[tok], dtype=np.float32).sum())
+
+
+def draft_top(sampler, pos: int) -> Callable[[np.ndarray], tuple[int, float]]:
+    """The ``top`` of :func:`greedy_drafts` for a draft whose first token is at position
+    ``pos``: without sampling, :func:`row_top`; when sampling, the token the ``sampler``'s noise
+    picks at each position in turn from the drafter's own distribution (the same temperature,
+    top-k and top-p), with the row's top probability as its confidence. The target keeps a
+    drafted token when its own pick with that noise is the same token, which it is wherever
+    the two distributions agree (a greedy draft would be kept with the target's probability of
+    that token, however close the two models are)."""
+    if sampler is None or sampler.params.greedy:
+        return row_top
+    at = pos
+
+    def top(row: np.ndarray) -> tuple[int, float]:
+        nonlocal at
+        at += 1
+        return sampler.pick(row, at - 1), row_top(row)[1]
+    return top
 
 
 def greedy_drafts(first_row, step: Callable[[int], object], max_len: int, is_eog: Callable[[int], bool],
@@ -325,7 +351,7 @@ class ModelDrafter(PaidDrafter):
         row = ctx.eval(list(context[kept:]))[0]
         ctx.mark(across_decodes=True)  # a recurrent draft model rolls its drafts back to here
         toks, conf, passes = greedy_drafts(row, lambda t: ctx.eval([t])[0], max_len, self.model.is_eog, p_min,
-                                           keep_going, guide=self.guide)
+                                           keep_going, draft_top(self.sampler, len(context)), self.guide)
         return Draft(toks, MODEL, conf, len(context) - kept, passes)
 
     def behind(self, context: Sequence[int]) -> int:

@@ -20,7 +20,7 @@ from specli.engine import Context, Model
 from specli.errors import PromptTooLong, SpecliError
 from specli.speculate.drafters import Draft, Drafter, Source
 from specli.speculate.settings import DEFAULTS
-from specli.speculate.verify import SamplingParams, accept
+from specli.speculate.verify import Sampler, SamplingParams, accept
 
 # why a generation ended, as OpenAI's finish_reason where one fits
 FINISH_STOP, FINISH_LENGTH, FINISH_CONTEXT, FINISH_INTERRUPTED = "stop", "length", "context", "interrupted"
@@ -218,15 +218,16 @@ def _decode(target: Context, prompt: list[int], drafter: Drafter, params: Sampli
             max_tokens: int, draft_max: int, st: Stats, align: int, guide: Guide | None,
             n_logprobs: int | None = None) -> Iterator[Chunk]:
     model = target.model
-    rng = np.random.default_rng(params.seed)
+    sampler = Sampler(params)
     detok = _Detok(model.piece)
     t0 = time.perf_counter()
     drafter.begin(prompt, max_tokens)
     drafter.constrain(guide)
+    drafter.sampling(sampler)
     kept = target.sync(prompt, align)
     st.prompt_tokens, st.prompt_tokens_cached = len(prompt), kept
     rows = target.eval(prompt[kept:])
-    _, tok = accept([], rows, params, rng, guide.masks([]) if guide else None)
+    _, tok = accept([], rows, sampler, len(prompt), guide.masks([]) if guide else None)
     lps = None if n_logprobs is None else token_logprobs(model, rows, [tok], n_logprobs)
     done = guide is not None and guide.settle([tok]) > 0 and guide.stopped
     t1 = time.perf_counter()
@@ -265,7 +266,7 @@ def _decode(target: Context, prompt: list[int], drafter: Drafter, params: Sampli
             if d:
                 target.mark()  # hybrid/recurrent targets without snapshots: a checkpoint to roll back to
             rows = target.eval([tok] + d, "all" if d else "last")
-            n, nxt = accept(d, rows, params, rng, guide.masks(d) if guide else None)
+            n, nxt = accept(d, rows, sampler, len(context), guide.masks(d) if guide else None)
             new, flags = d[:n] + [nxt], [True] * n + [False]
             used = None if n_logprobs is None else [r.copy() for r in rows[:n + 1]]  # a rollback may decode
             target.rollback(base + 1 + n)

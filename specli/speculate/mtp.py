@@ -29,7 +29,7 @@ import numpy as np
 
 from specli.engine import Context, DecodeListener
 from specli.hardware import calibrate
-from specli.speculate.drafters import MTP, Draft, PaidDrafter, greedy_drafts
+from specli.speculate.drafters import MTP, Draft, PaidDrafter, draft_top, greedy_drafts
 from specli.speculate.settings import DEFAULTS
 
 
@@ -127,7 +127,7 @@ class MTPDrafter(FedDrafter):
         try:
             first = step(int(context[-1]), self.hidden(pos0 - 1))
             toks, conf, passes = greedy_drafts(first, step, max_len, self.target.model.is_eog, p_min, keep_going,
-                                               guide=self.guide)
+                                               draft_top(self.sampler, len(context)), self.guide)
         finally:
             ctx.rollback(at)  # the verify pass feeds the real rows for these positions
         return Draft(toks, self.source, conf, passes=passes)

@@ -1,11 +1,16 @@
 """The verify rule: which drafted tokens the target keeps. Pure functions over numpy arrays.
 
-Greedy: accept while the target's argmax equals the drafted token, then emit the target's own
-token. Sampling: the rejection-sampling rule of Leviathan et al. (2022) and Chen et al. (2023):
-accept drafted token x with probability min(1, p(x)/q(x)); on the first rejection sample from
-normalise(max(0, p - q)); when every drafted token is accepted, sample the bonus token from p.
-A deterministic drafter (greedy draft model, prompt lookup) has q = a point mass on its token.
-The tokens produced this way are distributed exactly as plain sampling from p.
+Each position's token is the target's own choice, a function of the target's logits there and,
+when sampling, of noise drawn from (seed, position) alone (:class:`Sampler`). A drafted token is
+kept while it equals that choice; at the first one that does not, the target's choice is the
+next token, and when all are kept, the choice after them (the bonus token). Greedy: the choice
+is the argmax. Sampling: the Gumbel-max trick, the token x maximising p(x) / E(x) where E is
+standard exponential noise over the vocabulary (log p - log E is log p plus Gumbel noise): it
+is distributed exactly as p, and since the noise belongs to the position, not to a stream the
+drafts consume, the text is the one plain sampling with the same seed gives, whatever drafted
+it and however long its drafts were. A model drafter that drafts with the same noise from its
+own distribution (:func:`specli.speculate.drafters.draft_top`) proposes the target's sample
+wherever the two distributions agree.
 """
 
 from __future__ import annotations
@@ -68,78 +73,84 @@ def _nucleus(z: np.ndarray, pool: np.ndarray | None, top_p: float) -> np.ndarray
         cand = np.arange(v)
 
 
-def sample(p: np.ndarray, rng: np.random.Generator) -> int:
-    """Draw one index from a probability vector."""
-    c = np.cumsum(p)
-    i = int(np.searchsorted(c, rng.random() * c[-1], side="right"))
-    return min(i, len(p) - 1)
+class Sampler:
+    """The choices of one answer. The token at position ``pos`` of the sequence (prompt and
+    output together) is the argmax of the logits (greedy), or the Gumbel-max sample
+    argmax p(x) / E(x), where p is the distribution plain sampling draws from
+    (:func:`probs_from_logits`, after a constraint's mask) and E the noise of that position:
+    standard exponentials over the vocabulary from a generator seeded by (seed, pos) alone.
+    Without a seed, the answer draws one. The noise of the positions a block looks at is kept
+    until the answer moves past them (the drafter and the target read the same)."""
+
+    def __init__(self, params: SamplingParams):
+        self.params = params
+        seed = params.seed if params.seed is not None else np.random.SeedSequence().entropy
+        self.seed = seed % 2**64 if seed < 0 else seed  # any integer is a seed
+        self._noise: dict[int, np.ndarray] = {}
+
+    def noise(self, pos: int, n: int) -> np.ndarray:
+        """The first ``n`` exponentials of position ``pos`` (a longer vocabulary's noise starts
+        with a shorter one's: the generator fills the array in order)."""
+        e = self._noise.get(pos)
+        if e is None or len(e) < n:
+            e = self._noise[pos] = np.random.default_rng([self.seed, pos]).standard_exponential(n)
+        return e[:n]
+
+    def done(self, pos: int) -> None:
+        """The answer has chosen every token before ``pos``: their noise is not read again."""
+        for k in [k for k in self._noise if k < pos]:
+            del self._noise[k]
+
+    def choose(self, p: np.ndarray, pos: int) -> int:
+        """The token the noise of ``pos`` picks from the distribution ``p``."""
+        return int(np.argmax(p / self.noise(pos, len(p))))
+
+    def pick(self, row: np.ndarray, pos: int) -> int:
+        """The token chosen at ``pos`` from one row of logits (already masked, if constrained)."""
+        if self.params.greedy:
+            return int(np.asarray(row).argmax())
+        return self.choose(probs_from_logits(row, self.params), pos)
 
 
-def greedy_accept(draft: Sequence[int], target_argmax: Sequence[int]) -> tuple[int, int]:
-    """``target_argmax[i]`` is the target's token after the context plus ``draft[:i]``
-    (len(draft) + 1 entries). Returns (number of drafted tokens accepted, the target's next token)."""
-    n = 0  # read in order and no further than needed (the rows may be computed on demand)
-    while n < len(draft) and draft[n] == target_argmax[n]:
+def prefix_accept(draft: Sequence[int], choices: Sequence[int]) -> tuple[int, int]:
+    """``choices[i]`` is the target's token after the context plus ``draft[:i]`` (len(draft) + 1
+    entries). Returns (number of drafted tokens accepted, the target's next token)."""
+    n = 0  # read in order and no further than needed (the choices may be computed on demand)
+    while n < len(draft) and draft[n] == choices[n]:
         n += 1
-    return n, int(target_argmax[n])
+    return n, int(choices[n])
 
 
-def speculative_accept(draft: Sequence[int], p: np.ndarray, q: np.ndarray | None,
-                       rng: np.random.Generator) -> tuple[int, int]:
-    """Rejection sampling over one verified block.
+class _Choices:
+    """The target's choice at each position of a block, computed when first read, in order:
+    the rule stops at the first rejection, and a constraint's masks past it are never computed."""
 
-    ``p``: (k+1, V) target probabilities after context + draft[:i] (rows read in order, as
-    far as needed); ``q``: (k, V) draft
-    probabilities the tokens were drawn from, or None for a deterministic drafter (point mass).
-    Returns (number of drafted tokens accepted, the next token: a correction or the bonus token).
-    """
-    for i, x in enumerate(draft):
-        px = p[i][x]
-        qx = 1.0 if q is None else q[i][x]
-        if qx > 0 and rng.random() * qx < px:  # accept with probability min(1, px/qx)
-            continue
-        if q is None:
-            residual = p[i].copy()
-            residual[x] = 0.0
-        else:
-            residual = np.maximum(p[i] - q[i], 0.0)
-        if residual.sum() <= 0.0:  # p == q up to rounding: rejection had probability ~0
-            residual = p[i]
-        return i, sample(residual, rng)
-    return len(draft), sample(p[len(draft)], rng)
-
-
-class _Rows:
-    """``f(rows[i], allowed[i])`` for each position, computed when first read, in order: the
-    rule stops at the first rejection, and a constraint's masks past it are never computed."""
-
-    def __init__(self, rows: Sequence[np.ndarray], allowed: Sequence[np.ndarray] | None, f):
-        self.rows, self.allowed, self.f, self.done = rows, allowed, f, {}
+    def __init__(self, rows: Sequence[np.ndarray], allowed: Sequence[np.ndarray] | None, sampler: Sampler,
+                 pos: int):
+        self.rows, self.allowed, self.sampler, self.pos, self.done = rows, allowed, sampler, pos, {}
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def __getitem__(self, i: int):
+    def __getitem__(self, i: int) -> int:
         if i not in self.done:
             row = self.rows[i]
             if self.allowed is not None:
                 row = np.where(self.allowed[i], row, -np.inf)
-            self.done[i] = self.f(row)
+            self.done[i] = self.sampler.pick(row, self.pos + i)
         return self.done[i]
 
 
-def accept(draft: Sequence[int], rows: Sequence[np.ndarray], params: SamplingParams,
-           rng: np.random.Generator, allowed: Sequence[np.ndarray] | None = None) -> tuple[int, int]:
+def accept(draft: Sequence[int], rows: Sequence[np.ndarray], sampler: Sampler, pos: int,
+           allowed: Sequence[np.ndarray] | None = None) -> tuple[int, int]:
     """The acceptance decision for one verified block, the only place it is made (the first
     token after a prompt is the block with no draft). ``rows[i]``: the target's logits after
-    the context plus ``draft[:i]`` (len(draft) + 1 rows). Greedy: the longest prefix that
-    matches the target's argmax; sampling: rejection sampling over the distribution plain
-    sampling would draw from (drafts are deterministic: a point mass per token).
+    the context plus ``draft[:i]`` (len(draft) + 1 rows); ``pos``: the position of the block's
+    first token in the sequence (the context's length). The longest prefix of the draft that
+    matches the target's own choices (:class:`Sampler`) is kept, then the target's choice.
     ``allowed[i]``: a constraint's boolean mask at that position (the tokens its grammar
     allows after the context plus ``draft[:i]``): the target's logits are masked first, so
-    its argmax, and the distribution sampled from, are those of plain constrained decoding
-    (a drafted token is one the grammar allows, so its point mass is masked already).
+    its choice is that of plain constrained decoding.
     Returns (number of drafted tokens accepted, the target's next token)."""
-    if params.greedy:
-        return greedy_accept(draft, _Rows(rows, allowed, lambda r: int(r.argmax())))
-    return speculative_accept(draft, _Rows(rows, allowed, lambda r: probs_from_logits(r, params)), None, rng)
+    sampler.done(pos)
+    return prefix_accept(draft, _Choices(rows, allowed, sampler, pos))
