@@ -58,8 +58,10 @@ def test_every_drafter_and_draft_length_gives_the_plain_text(session, plain, mod
     resp = generate(session.ctx, prompt, session.drafter_for(mode), PARAMS, N, draft_max=k)
     assert _tokens(resp) == plain
     st = resp.stats
-    if "lookup" not in mode and mode != "none":  # the draft model drafted, and both outcomes happened
+    if mode == "model-fixed":  # both outcomes happened
         assert 0 < st.accepted < st.drafted, st
+    elif mode in ("model", "hybrid"):  # the controller drafts (how long for follows this machine's timings)
+        assert st.drafted > 0, st
 
 
 class Scripted(Drafter):
@@ -115,9 +117,15 @@ def _cli(env, draft, *extra, seed=7):
 
 
 @pytest.fixture(scope="module")
-def cli_env(gpu_like_cache, tiny_target):
+def cli_env(tmp_path_factory, tiny_target, tiny_draft):
+    """The CLI's own calibration cache (its KV cache type is another), made to draft as the
+    Python API's is: measured by a first run, then rewritten."""
     import os
-    return {"env": {**os.environ, "SPECLI_CACHE": str(gpu_like_cache)}, "target": tiny_target}
+    cache = tmp_path_factory.mktemp("specli-cli")
+    env = {"env": {**os.environ, "SPECLI_CACHE": str(cache)}, "target": tiny_target}
+    _cli(env, tiny_draft)
+    _gpu_like_costs(cache)
+    return env
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +138,8 @@ def cli_plain(cli_env):
 def test_cli_seed_gives_the_plain_text(cli_env, cli_plain, tiny_draft, extra):
     out = _cli(cli_env, tiny_draft, *extra)
     assert out["tokens"] == cli_plain
-    assert 0 < out["stats"]["accepted"] < out["stats"]["drafted"], out["stats"]
+    st = out["stats"]
+    assert (0 < st["accepted"] < st["drafted"]) if "--fixed" in extra else st["drafted"] > 0, st
 
 
 def test_cli_lookup_and_other_seeds(cli_env, cli_plain):
