@@ -326,8 +326,9 @@ class LookupDrafter(Drafter):
 
 
 class ModelDrafter(PaidDrafter):
-    """A smaller model with the same tokenizer drafts greedily, stopping early when its top
-    probability falls below ``p_min`` (it is then unlikely to be accepted)."""
+    """A smaller model with the same tokenizer drafts (greedily; when sampling, with the
+    answer's noise: :func:`draft_top`), stopping early when its top probability falls below
+    ``p_min`` (it is then unlikely to be accepted)."""
 
     name = "model"
     source = MODEL
