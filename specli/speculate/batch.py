@@ -3,9 +3,10 @@
 The target's context holds N sequences (slots). Each request runs the ordinary decoding loop
 (:func:`specli.speculate.loop.generate`) on its own thread, on its slot's
 :class:`~specli.engine.SeqContext`, with the slot's own drafter (lookup index, controller,
-draft-model context), its own sampling parameters and random stream. Every decode a request
-asks for goes to the :class:`Batcher`, which waits until every active request has asked (its
-next token plus its draft block, or a chunk of its prompt) and runs them as ONE llama_decode.
+draft-model context) and its own :class:`~specli.speculate.verify.Sampler` (its seed's noise).
+Every decode a request asks for goes to the :class:`Batcher`, which waits until every active
+request has asked (its next token plus its draft block, or a chunk of its prompt) and runs
+them as ONE llama_decode.
 Each request therefore sees exactly the logits it would see alone (up to the float rounding
 of another batch shape), and its output is what it gets served alone.
 
@@ -231,6 +232,9 @@ class BatchDrafter(Drafter):
     def constrain(self, guide) -> None:
         self.guide = guide
         self.inner.constrain(guide)
+
+    def sampling(self, sampler) -> None:
+        self.inner.sampling(sampler)
 
     def estimate(self, cap: int) -> Estimate | None:
         """This slot's next draft's worth (None: not priced, it drafts ``cap``: --fixed)."""
