@@ -116,26 +116,38 @@ def common_prefix_len(a: bytes, b: bytes) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def text_divergence(ref: str, ref_lps: list[TokenLp], other: str) -> TextDivergence | None:
+def text_divergence(ref: str, ref_lps: list[TokenLp], other: str, back: int = 2) -> TextDivergence | None:
     """None when ``other`` is ``ref`` or one is a prefix of the other; else where they part, with
-    the target's top-2 margin at the single-client answer's token covering that place."""
+    the target's top-2 margin at the single-client answer's token covering that place. Only text
+    is compared, so the token where the answers really parted may end before the first differing
+    character: a run of spaces or dashes split '   ' + ' |' in one answer and '  ' + ' |' in the
+    other agrees one character past the token that differs. So up to ``back`` tokens before the
+    covering one are tried too, and the nearest where the other text goes on with the target's
+    runner-up at a near-tie is the parting token; failing that, the covering token is reported."""
     rb, ob = ref.encode(), other.encode()
     b = common_prefix_len(rb, ob)
     if b == min(len(rb), len(ob)):
         return None
     char = len(rb[:b].decode("utf-8", errors="ignore"))
-    start = 0
-    for j, t in enumerate(ref_lps):
-        if start <= b < start + len(t.data):
-            alt = next(((d, lp) for d, lp in t.top if d != t.data), None)
-            margin = t.top[0][1] - alt[1] if alt is not None and t.top[0][0] == t.data else None
-            runner = alt[0] if alt else None
-            got = ob[start:start + max(len(t.data), len(runner or b""))]
-            return TextDivergence(char, j, t.data.decode(errors="replace"), got.decode(errors="replace"),
-                                  runner.decode(errors="replace") if runner is not None else None, margin,
-                                  runner is not None and ob[start:].startswith(runner))
-        start += len(t.data)
-    return TextDivergence(char, None, "", "", None, None, False)
+    starts = [0]
+    for t in ref_lps:
+        starts.append(starts[-1] + len(t.data))
+    cover = next((j for j, t in enumerate(ref_lps) if starts[j] <= b < starts[j] + len(t.data)), None)
+    if cover is None:
+        return TextDivergence(char, None, "", "", None, None, False)
+
+    def at(j: int) -> TextDivergence:
+        t, start = ref_lps[j], starts[j]
+        alt = next(((d, lp) for d, lp in t.top if d != t.data), None)
+        margin = t.top[0][1] - alt[1] if alt is not None and t.top[0][0] == t.data else None
+        runner = alt[0] if alt else None
+        got = ob[start:start + max(len(t.data), len(runner or b""))]
+        return TextDivergence(char, j, t.data.decode(errors="replace"), got.decode(errors="replace"),
+                              runner.decode(errors="replace") if runner is not None else None, margin,
+                              runner is not None and ob[start:].startswith(runner))
+
+    tried = [at(j) for j in range(cover, max(cover - back, 0) - 1, -1)]
+    return next((d for d in tried if d.near_tie), tried[0])
 
 
 def verdict(ref: str, ref_lps: list[TokenLp], other: str) -> str:
@@ -405,7 +417,11 @@ def main() -> int:
     ap.add_argument("--logs", default=None, help="server logs here (default: a temporary folder)")
     ap.add_argument("--out", default=None, help="JSON results")
     ap.add_argument("--md", default=None, help="markdown report")
+    ap.add_argument("--recheck", default=None, metavar="JSON",
+                    help="judge a saved run's texts again with this checker and write its report (runs nothing)")
     a = ap.parse_args()
+    if a.recheck:
+        return recheck(Path(a.recheck), a.out, a.md)
     a.clients = a.clients or ([1, 2] if a.quick else [1, 2, 4, 8])
     a.prompts = a.prompts or (2 if a.quick else len(PROMPTS))
     a.max_tokens = a.max_tokens or (32 if a.quick else 96)
@@ -513,6 +529,25 @@ def assemble(meta: dict, runs: dict[str, dict[int, list[dict]]], ref: dict[str, 
             "runs": {m: {n: [{**w, "clients": [{k: v for k, v in c.items() if k not in ("start", "end")}
                                                for c in w["clients"]]} for w in ws]
                          for n, ws in by_n.items()} for m, by_n in runs.items()}}
+
+
+def recheck(path: Path, out: str | None, md: str | None) -> int:
+    """A saved report judged again: its texts against its single-client texts, by this checker."""
+    try:
+        saved = json.loads(path.read_text())
+        runs = {m: {int(n): ws for n, ws in by_n.items()} for m, by_n in saved["runs"].items()}
+        meta = {k: v for k, v in saved.items() if k not in ("goal", "summary", "checks", "reference", "runs")}
+        report = assemble(meta, runs, saved["reference"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"parallel_bench: error: --recheck {path}: not a saved report ({e})", file=sys.stderr)
+        return 2
+    if out:
+        Path(out).write_text(json.dumps(report, indent=1, ensure_ascii=False))
+    text = render(report)
+    if md:
+        Path(md).write_text(text)
+    print(text)
+    return 0
 
 
 def runnable(mode: str, n: int, parallel: bool) -> bool:

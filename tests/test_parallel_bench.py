@@ -65,6 +65,23 @@ def test_parting_on_a_token_that_is_not_the_runner_up():
     assert "NOT a near-tie" in v and not pb.holds(v)
 
 
+def test_a_run_split_otherwise_parts_at_the_token_before_the_first_differing_character():
+    # a table cell: the answer padded with "   " then " |"; the other took the runner-up "  " (0.1
+    # behind) and then " |": the texts agree one character past the token where they parted
+    ref = "| 4222.6   | 0.39 |"
+    ref_lps = lps(("| 4222.6", [("| 4222.6", -0.01), ("| 4222", -5.0)]),
+                  ("  ", [("  ", -0.6), (" ", -0.7)]),
+                  (" |", [(" |", -0.02), ("|", -6.0)]),
+                  (" 0.39 |", [(" 0.39 |", -0.1), (" 0.4 |", -3.0)]))
+    other = "| 4222.6  | 0.39 |"
+    d = pb.text_divergence(ref, ref_lps, other)
+    assert d.char == len("| 4222.6  ") and d.token == 1 and d.runner_up == " " and d.near_tie
+    assert pb.holds(pb.verdict(ref, ref_lps, other))
+    sure = [ref_lps[0], pb.TokenLp(b"  ", ((b"  ", -0.01), (b" ", -4.0)))] + ref_lps[2:]  # no near-tie before
+    d = pb.text_divergence(ref, sure, other)
+    assert d.token == 2 and not d.near_tie and not pb.holds(pb.verdict(ref, sure, other))
+
+
 def test_positions_count_characters_not_bytes():
     ref = "café crème"
     ref_lps = lps(("caf", [("caf", -0.1), ("cof", -3.0)]), ("é", [("é", -0.2), ("e", -0.4)]),
