@@ -44,10 +44,10 @@ def test_report_is_consistent(tiny_target, tiny_draft):
 
 
 def test_the_lossless_check_catches_a_broken_verifier(tiny_target, tiny_draft_unrelated, monkeypatch):
-    def accept_everything(draft, target_argmax):
-        return len(draft), int(target_argmax[len(draft)])
+    def accept_everything(draft, choices):
+        return len(draft), int(choices[len(draft)])
 
-    monkeypatch.setattr(verify_mod, "greedy_accept", accept_everything)
+    monkeypatch.setattr(verify_mod, "prefix_accept", accept_everything)
     rep = bench(tiny_target, tiny_draft_unrelated, ["none", "model-fixed"], max_tokens=24, chat=False)
     verdicts = rep.results["model-fixed"].lossless
     assert any(v != "identical" for v in verdicts.values())
