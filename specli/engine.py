@@ -383,7 +383,9 @@ class Context:
         """Drop every cached token from position ``n_keep`` on."""
         if n_keep >= self.n_past:
             return
-        self.eval(self._cut(n_keep), "none")
+        replay = self._cut(n_keep)
+        if replay:  # a recurrent state restored from a checkpoint: the kept tokens after it again
+            self.eval(replay, "none")
         for lst in self.listeners:
             lst.truncated(self, n_keep)
 

@@ -256,6 +256,8 @@ class TraceModel(Drafter):
     target's pass and pay one pass per token. Past a wrong token it follows the recorded
     continuation of that wrong token."""
 
+    max_len: int | None = None  # as PaidDrafter's: the replayed drafters draft any length
+
     def __init__(self, trace: Trace, name: str, source: Source, costs: Costs, clock: Clock,
                  p_min: float = 0.0):
         self.m, self.out, self.base = trace.models[name], trace.out, len(trace.prompt)
