@@ -173,6 +173,17 @@ def test_head_sampling_follows_the_target_distribution(eagle, dflash, kind):
     assert_sampling_follows_the_target(model, gen, make(gen, head, cfg(0)), 0, 800)
 
 
+def refused_for_another_target(target: str, head: str, env: dict, what: str, hidden: int, layers: list[int]) -> None:
+    """``run`` refuses a head built for another target in one line; ``check`` names the rules it fails
+    (the tiny targets' rows are 64 wide, from 2 layers)."""
+    rc, out, err = specli("run", "--target", target, "--draft", head, "--raw", "--prompt", "hi", env=env)
+    assert rc != 0 and err.count("\n") == 1
+    assert f"is {what} built for another target (hidden size" in err
+    rc, out, err = specli("check", target, head, env=env)
+    assert rc == 1 and f"✗ hidden size: head reads rows of {hidden}, the target's are 64" in out
+    assert f"✗ target layers: head reads layers {layers}, the target has 2" in out
+
+
 def test_cli_draft_eagle3_head_and_check(eagle, smol_gguf, tmp_path):
     env = _env(tmp_path)
     target, head = eagle("full")
@@ -190,12 +201,7 @@ def test_cli_draft_eagle3_head_and_check(eagle, smol_gguf, tmp_path):
     assert "✓ target layers: head reads layers [0, 1, 1], the target has 2" in out and "compatible" in out
     # a head built for another target (its hidden size and layers): one line, from the headers
     other = str(tiny_head_model(TEST_CACHE, smol_gguf, "eagle3-full", target_hidden=4096, layers=(2, 20, 40)))
-    rc, out, err = specli("run", "--target", target, "--draft", other, "--raw", "--prompt", "hi", env=env)
-    assert rc != 0 and err.count("\n") == 1
-    assert "is an EAGLE-3 head (llama.cpp draft-eagle3) built for another target" in err
-    rc, out, err = specli("check", target, other, env=env)
-    assert rc == 1 and "✗ hidden size: head reads rows of 4096, the target's are 64" in out
-    assert "✗ target layers: head reads layers [2, 20, 40], the target has 2" in out
+    refused_for_another_target(target, other, env, "an EAGLE-3 head (llama.cpp draft-eagle3)", 4096, [2, 20, 40])
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "dflash"])
@@ -308,12 +314,7 @@ def test_cli_draft_dflash_head_and_check(dflash, smol_gguf, tmp_path):
     assert "(--draft HEAD drafts with it: DFlash, a block a pass)" in out
     # a head built for another target (its hidden size and layers): one line, from the headers
     other = str(tiny_head_model(TEST_CACHE, smol_gguf, "dflash-full", target_hidden=128, d=128, layers=(3, 30)))
-    rc, out, err = specli("run", "--target", target, "--draft", other, "--raw", "--prompt", "hi", env=env)
-    assert rc != 0 and err.count("\n") == 1
-    assert "is a DFlash head (llama.cpp draft-dflash) built for another target (hidden size" in err
-    rc, out, err = specli("check", target, other, env=env)
-    assert rc == 1 and "✗ hidden size: head reads rows of 128, the target's are 64" in out
-    assert "✗ target layers: head reads layers [3, 30], the target has 2" in out
+    refused_for_another_target(target, other, env, "a DFlash head (llama.cpp draft-dflash)", 128, [3, 30])
     # no mask token: the block cannot be built
     nomask = str(tiny_head_model(TEST_CACHE, smol_gguf, "dflash-full", mask_token=None))
     rc, out, err = specli("run", "--target", target, "--draft", nomask, "--raw", "--prompt", "hi", env=env)
