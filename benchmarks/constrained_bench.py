@@ -53,11 +53,13 @@ def load_suite(path: Path) -> list[dict]:
 
 
 def drafter(sess: Session, mode: str):
+    """``plain``, ``forced``, or a draft mode's name (``hybrid``, ``lookup``, ...) with or
+    without ``+forced``."""
     if mode == "plain":
         return NoDrafter()
     if mode == "forced":
         return ForcedDrafter(NoDrafter())
-    inner = sess.drafter_for(sess.draft.mode)
+    inner = sess.drafter_for(mode.removesuffix("+forced"))
     return ForcedDrafter(inner) if mode.endswith("+forced") else inner
 
 

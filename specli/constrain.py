@@ -20,7 +20,7 @@ import json
 import warnings
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -143,6 +143,7 @@ class Guide:
         self.n_vocab = n_vocab
         self._bits = np.zeros(((n_vocab + 31) // 32,), dtype=np.int32)
         self._ahead: list[int] = []  # draft tokens consumed past the emitted ones
+        self.chained = False  # drafts run on through forced tokens (ForcedDrafter): a model draft stops at them
 
     @property
     def stopped(self) -> bool:
@@ -204,6 +205,48 @@ class Guide:
         """Tokens the grammar forces next (llguidance's fast-forward tokens), up to ``max_len``."""
         return self.m.compute_ff_tokens()[:max_len] if max_len > 0 else []
 
+    def extend(self, head: Sequence[int], room: int, copy, forced: int = 0) -> list[int]:
+        """Up to ``room`` tokens to draft after ``head`` (a clipped draft whose last ``forced``
+        tokens the grammar forced): the tokens the grammar then forces; after forced tokens,
+        what ``copy(tokens so far, n, forced)`` copies on from the context (prompt lookup,
+        told how many forced tokens end them), then what that forces, and so on, as far as
+        the grammar allows. A draft that fills a value runs on through the keys and
+        punctuation after it for free; a drafter's own draft is not copied on (it chose its
+        length). Leaves the state as it was."""
+        m = self.m
+        pushed = m.try_consume_tokens(list(head)) if head else 0
+        out: list[int] = []
+        try:
+            if pushed < len(head):
+                return []
+            while len(out) < room and not m.is_stopped():
+                more = m.compute_ff_tokens()[:room - len(out)]
+                copied = not more
+                if copied and forced:
+                    more = self.clip(copy(list(head) + out, room - len(out), forced))
+                if not more:
+                    break
+                n = m.try_consume_tokens(more)
+                pushed += n
+                out += more[:n]
+                forced = 0 if copied else forced + n
+                if n < len(more):
+                    break
+        finally:
+            if pushed:
+                m.rollback(pushed)
+        return out
+
+    def forces_after(self, tok: int) -> bool:
+        """Whether the grammar forces the token after ``tok`` (a model drafter stops there when
+        the draft runs on through forced tokens for free, :meth:`extend`)."""
+        n = self.m.try_consume_tokens([tok])
+        try:
+            return bool(n) and not self.m.is_stopped() and bool(self.m.compute_ff_tokens())
+        finally:
+            if n:
+                self.m.rollback(n)
+
     def settle(self, emitted: Sequence[int]) -> int:
         """After a verify step: roll back the drafted tokens consumed past the kept ones and
         consume the rest of ``emitted``. Returns how many of ``emitted`` count: all, or up to
@@ -252,12 +295,14 @@ class _Masks:
 
 class ForcedDrafter(Drafter):
     """Drafts the tokens the grammar forces next (keys, punctuation, the end of a structure)
-    for free, then lets prompt lookup copy on from there when the forced text runs into text
-    the context holds; with nothing forced, the ``inner`` drafter proposes as usual. Forced
-    text can be tokenised more than one way and the target may choose another way, so forced
-    tokens are drafts to verify like any other: their acceptance is learned (``FORCED``) by
-    the inner drafter's controller when it has one, and the controller decides how many pay.
-    Without a constraint it is the inner drafter."""
+    for free; with nothing forced, the ``inner`` drafter proposes as usual, stopping where the
+    grammar forces the next token. Either way the draft then runs on (:meth:`Guide.extend`):
+    the tokens the grammar forces after it, prompt lookup's copy where the text runs into text
+    the context holds (a match of ``continue_min`` tokens), what the grammar forces after that,
+    and so on. Forced text can be tokenised more than one way and the target may choose
+    another way, so forced tokens are drafts to verify like any other: their acceptance is
+    learned (``FORCED``) by the inner drafter's controller when it has one, and the controller
+    decides how many pay. Without a constraint it is the inner drafter."""
 
     def __init__(self, inner: Drafter, continue_min: int = 4):
         self.inner = inner
@@ -271,6 +316,8 @@ class ForcedDrafter(Drafter):
 
     def constrain(self, guide: Guide | None) -> None:
         self.guide = guide
+        if guide is not None:
+            guide.chained = True
         self.inner.constrain(guide)
 
     def sampling(self, sampler) -> None:
@@ -278,16 +325,30 @@ class ForcedDrafter(Drafter):
 
     def propose(self, context: Sequence[int], max_len: int) -> Draft:
         self._ours = False
-        forced = self.guide.forced(max_len) if self.guide is not None else []
+        g = self.guide
+        if g is None:
+            return self.inner.propose(context, max_len)
+        forced = g.forced(max_len)
         if forced:
             forced = forced[:self.inner.forced(len(forced), max_len)]
-        if not forced:
-            return self.inner.propose(context, max_len)
-        self._ours = True
-        toks = list(forced)
-        if len(toks) < max_len:
-            toks += self.inner.continuation(context, toks, max_len - len(toks), self.continue_min)
-        return Draft(toks, FORCED, [1.0] * len(forced))
+        if forced:
+            self._ours = True
+            d = Draft(forced, FORCED, [1.0] * len(forced))
+        else:
+            d = self.inner.propose(context, max_len)
+            toks = g.clip(d.tokens[:max_len])
+            if len(toks) < len(d.tokens):
+                d = replace(d, tokens=toks, confidence=d.confidence[:len(toks)])
+            if not toks:
+                return d
+
+        def copy(head: list[int], n: int, forced: int) -> list[int]:
+            # the forced tokens match wherever the structure recurs (the last item's keys): a
+            # copy must match text before them too, as when the answer edits JSON it was given
+            return self.inner.continuation(context, head, n, forced + self.continue_min)
+
+        more = g.extend(d.tokens, max_len - len(d.tokens), copy, forced=len(d.tokens) if self._ours else 0)
+        return replace(d, tokens=d.tokens + more) if more else d
 
     def observe(self, draft: Draft, n_accepted: int, emitted: list[int], t_draft: float, t_verify: float) -> None:
         if self._ours:

@@ -16,7 +16,7 @@ from specli.constrain import FORCED, Constraint, ForcedDrafter, from_options
 from specli.engine import Context, Model
 from specli.errors import SpecliError
 from specli.speculate.adaptive import adaptive_drafter, lookup_drafter
-from specli.speculate.drafters import Draft, Drafter, LookupDrafter, ModelDrafter, NoDrafter
+from specli.speculate.drafters import Draft, Drafter, LookupDrafter, ModelDrafter, NoDrafter, greedy_drafts
 from specli.speculate.loop import generate
 from specli.speculate.settings import SpecSettings
 from specli.speculate.verify import SamplingParams, probs_from_logits
@@ -138,6 +138,25 @@ def test_greedy_speculation_under_a_constraint_is_plain_constrained(tm, dm, cons
     assert accepted["model"] > 0 and sum(accepted.values()) < sum(drafted.values()), (accepted, drafted)
 
 
+def test_a_copy_after_forced_tokens_is_priced_like_lookup():
+    """The copy that runs on after forced tokens must match as far as asked (text before the
+    forced tokens, not just the structure they repeat) and is kept only as far as its match's
+    learned acceptance pays, as lookup's own drafts are."""
+    s = SpecSettings(draft_max=8)
+    d = adaptive_drafter(s, CHEAP_VERIFY, 0.01, lookup_drafter(s), None)
+    ctx = list(range(100, 140)) + [7, 8] + list(range(100, 110))
+    d.lookup.propose(ctx, 8)
+    head = [110, 111]  # the match: 100..111, 12 tokens
+    src = d.lookup.continuation(ctx, head, 8, 4).source
+    assert d.continuation(ctx, head, 8, 13) == []  # shorter than asked
+    for _ in range(40):
+        d.ctl.observe(src, 4, 4)
+    assert d.continuation(ctx, head, 8, 12) == list(range(112, 120))
+    for _ in range(40):
+        d.ctl.observe(src, 4, 0)
+    assert d.continuation(ctx, head, 8, 12) == []
+
+
 def test_forced_tokens_are_drafted_and_learned(tm, dm):
     prompt = tm.tokenize(PROMPTS[2])
     s = SpecSettings(draft_max=8)
@@ -200,6 +219,54 @@ def test_guide_masks_consume_and_settle_rolls_back(tm):
     # and the check has teeth: a state one token further on differs
     ref.m.consume_token(int(np.flatnonzero(ref.allowed())[0]))
     assert not np.array_equal(g.allowed(), ref.allowed())
+
+
+def test_a_draft_runs_on_through_forced_and_copied_text(tm):
+    """Guide.extend: after a draft, what the grammar forces, then the copy lookup offers, then
+    what that forces, as far as the grammar and the room allow; the state is left as it was."""
+    g = Constraint.json_schema(SCHEMA).guide(tm)
+    before = g.allowed()
+    head = g.clip(g.forced(20) + tm.tokenize(' "Bob"', add_special=False))
+    assert tm.detokenize(head) == '{"name": "Bob"'
+    age = g.extend(head, 20, lambda h, n, f: [])
+    assert tm.detokenize(age) == ', "age": '
+    seen = []
+    n42 = tm.tokenize("42", add_special=False)
+
+    def copy(h, n, forced):
+        seen.append((tm.detokenize(h), forced))  # a copy is told how many forced tokens end the text
+        return n42 if len(seen) == 1 else []
+
+    out = g.extend(head, 20, copy)
+    assert tm.detokenize(out) == ', "age": 42, "role": "'
+    role = len(out) - len(age) - len(n42)
+    assert seen == [('{"name": "Bob", "age": ', len(age)), ('{"name": "Bob", "age": 42, "role": "', role)]
+    assert len(g.extend(head, 2, copy)) == 2  # the room caps it
+    refused = g.extend(head, 20, lambda h, n, f: tm.tokenize("x", add_special=False))  # not a number: cut
+    assert tm.detokenize(refused) == ', "age": '
+    # a drafter's own draft that stops inside a value is not copied on; forced text is
+    bo = g.clip(g.forced(20) + tm.tokenize(' "Bo', add_special=False))
+    seen.clear()
+    assert g.extend(bo, 20, copy) == [] and seen == []
+    assert g.extend(bo, 20, copy, forced=1) == tm.tokenize("42", add_special=False) and seen[0][1] == 1
+    assert np.array_equal(g.allowed(), before) and g._ahead == []
+
+
+def test_a_model_draft_stops_where_the_grammar_forces_the_next_token(tm):
+    """Under ForcedDrafter (``chained``), a model's draft makes no pass for a token the grammar
+    forces: the draft runs on through it for free."""
+    quote, comma = tm.tokenize('"', add_special=False)[0], tm.tokenize(",", add_special=False)[0]
+    prefix = tm.tokenize('{"name": "Bob', add_special=False)
+    first, nxt = np.zeros(tm.n_vocab, np.float32), np.zeros(tm.n_vocab, np.float32)
+    first[quote] = nxt[comma] = 10.0
+    for chained, passes in ((False, 1), (True, 0)):
+        g = Constraint.json_schema(SCHEMA).guide(tm)
+        assert g.m.try_consume_tokens(prefix) == len(prefix)
+        g.chained = chained
+        calls = []
+        toks, _, n = greedy_drafts(first, lambda t, calls=calls: calls.append(t) or nxt, 2, tm.is_eog, 0.0, guide=g)
+        assert toks[0] == quote and n == len(calls) == passes, (chained, toks, calls)
+        assert g.forced(4) == [] and g.m.try_consume_tokens([quote]) == 1 and g.forced(4)  # as it was
 
 
 def test_grammar_completion_ends_with_stop(tm, dm):

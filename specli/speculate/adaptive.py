@@ -187,9 +187,24 @@ class AdaptiveDrafter(Drafter):
         return self.ctl.decide({FORCED: n}, k_cap=max_len).k
 
     def continuation(self, context: Sequence[int], head: Sequence[int], max_len: int, min_match: int) -> list[int]:
+        """Lookup's copy after ``head`` (this step's draft so far, forced tokens), priced as
+        lookup's own drafts are: each token while it pays at the acceptance its match's bucket
+        has earned, at its place in the block, against the rate the block promises so far."""
         if self.lookup is None:
             return []
-        return self.lookup.continuation(context, head, max_len, min_match).tokens
+        found = self.lookup.continuation(context, head, max_len, min_match)
+        if not found.tokens:
+            return []
+        a, v = self.ctl.acceptance(found.source), self.ctl.cost.verify
+        k0 = len(head)
+        rate = (k0 + 1) / v[min(k0, len(v) - 1)]
+        p, n = 1.0, 0
+        while n < len(found.tokens):
+            p *= a.cautious_first() if n == 0 else a.alpha_rest
+            if not marginal_token_pays(p, k0 + n, v, 0.0, rate):
+                break
+            n += 1
+        return found.tokens[:n]
 
     def observe_forced(self, draft: Draft, n_forced: int, n_accepted: int, emitted: list[int],
                        t_draft: float, t_verify: float) -> None:

@@ -202,8 +202,15 @@ def greedy_drafts(first_row, step: Callable[[int], object], max_len: int, is_eog
     Under a constraint's ``guide``, each row is masked by the grammar after the tokens drafted
     so far (the draft model's own constrained greedy choice), and the grammar is left as it was."""
     if guide is not None:
+        kg = keep_going
+        if guide.chained:
+            def kg(i: int, p: float | None, toks: list[int]) -> bool:
+                # no pass for a token the grammar forces: the draft runs on through it for free
+                if p is None and toks and guide.forces_after(toks[-1]):
+                    return False
+                return keep_going is None or keep_going(i, p, toks)
         return guide.drafting(lambda g_top, g_step: greedy_drafts(first_row, g_step, max_len, is_eog, p_min,
-                                                                  keep_going, g_top), top, step)
+                                                                  kg, g_top), top, step)
     toks: list[int] = []
     conf: list[float] = []
     passes = 0
