@@ -328,6 +328,7 @@ class ForcedDrafter(Drafter):
         g = self.guide
         if g is None:
             return self.inner.propose(context, max_len)
+        max_len = self.inner.room(max_len)
         forced = g.forced(max_len)
         if forced:
             forced = forced[:self.inner.forced(len(forced), max_len)]

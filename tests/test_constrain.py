@@ -138,6 +138,28 @@ def test_greedy_speculation_under_a_constraint_is_plain_constrained(tm, dm, cons
     assert accepted["model"] > 0 and sum(accepted.values()) < sum(drafted.values()), (accepted, drafted)
 
 
+def test_forced_drafts_keep_to_the_room_a_batch_gives(tm):
+    """A slot in a batch may draft only its share (Drafter.room): forced tokens, and what runs
+    on after them, too."""
+
+    class Slot(NoDrafter):
+        sizes = []
+
+        def room(self, max_len):
+            return min(max_len, 2)
+
+        def observe_forced(self, draft, n_forced, n_accepted, emitted, t_draft, t_verify):
+            self.sizes.append(len(draft.tokens))
+
+    c = Constraint.json_schema(SCHEMA)
+    prompt = tm.tokenize(PROMPTS[2])
+    plain, _ = run(tm, prompt, NoDrafter(), c)
+    toks, st = run(tm, prompt, ForcedDrafter(Slot()), c, k=8)
+    assert toks == plain and Slot.sizes and max(Slot.sizes) == 2, Slot.sizes
+    _, st8 = run(tm, prompt, ForcedDrafter(NoDrafter()), c, k=8)
+    assert st8.drafted > 0 and st8.steps < st.steps  # unbounded, forced runs are longer
+
+
 def test_a_copy_after_forced_tokens_is_priced_like_lookup():
     """The copy that runs on after forced tokens must match as far as asked (text before the
     forced tokens, not just the structure they repeat) and is kept only as far as its match's

@@ -261,8 +261,11 @@ class BatchDrafter(Drafter):
     def observe_forced(self, draft, n_forced, n_accepted, emitted, t_draft, t_verify) -> None:
         self.inner.observe_forced(draft, n_forced, n_accepted, emitted, t_draft, self._verify_time(t_verify))
 
+    def room(self, max_len: int) -> int:
+        return self.batch.cap(self.slot, max_len)
+
     def forced(self, n: int, max_len: int) -> int:
-        return self.inner.forced(n, self.batch.cap(self.slot, max_len))
+        return self.inner.forced(n, max_len)
 
     def continuation(self, context, head, max_len, min_match):
         return self.inner.continuation(context, head, max_len, min_match)

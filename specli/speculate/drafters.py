@@ -123,6 +123,11 @@ class Drafter:
         the drafter prices its steps."""
         return n
 
+    def room(self, max_len: int) -> int:
+        """The most tokens this step's draft may hold, forced tokens too (a slot in a batch:
+        its share, :func:`specli.speculate.batch.allocate`); ``max_len`` by default."""
+        return max_len
+
     def continuation(self, context: Sequence[int], head: Sequence[int], max_len: int, min_match: int) -> list[int]:
         """Up to ``max_len`` tokens that copy on from the context after ``context + head``
         (prompt lookup), where the drafter has lookup; none by default."""
