@@ -297,12 +297,13 @@ class ForcedDrafter(Drafter):
     """Drafts the tokens the grammar forces next (keys, punctuation, the end of a structure)
     for free; with nothing forced, the ``inner`` drafter proposes as usual, stopping where the
     grammar forces the next token. Either way the draft then runs on (:meth:`Guide.extend`):
-    the tokens the grammar forces after it, prompt lookup's copy where the text runs into text
-    the context holds (a match of ``continue_min`` tokens), what the grammar forces after that,
-    and so on. Forced text can be tokenised more than one way and the target may choose
-    another way, so forced tokens are drafts to verify like any other: their acceptance is
-    learned (``FORCED``) by the inner drafter's controller when it has one, and the controller
-    decides how many pay. Without a constraint it is the inner drafter."""
+    the tokens the grammar forces after it; after forced tokens, prompt lookup's copy where
+    they and the ``continue_min`` tokens before them run into text the context holds (priced
+    by the inner drafter's controller); what the grammar forces after that, and so on.
+    Forced text can be tokenised more than one way and the target may choose another way, so
+    forced tokens are drafts to verify like any other: their acceptance is learned
+    (``FORCED``) by the inner drafter's controller when it has one, and the controller decides
+    how many pay. Without a constraint it is the inner drafter."""
 
     def __init__(self, inner: Drafter, continue_min: int = 4):
         self.inner = inner
