@@ -7,9 +7,11 @@ alike:
 
 - ``plain``: constrained greedy decoding, no drafting (the baseline);
 - ``forced``: the tokens the grammar forces drafted for free, nothing else;
-- ``hybrid``: specli's default drafters (prompt lookup + the draft model) under the
-  constraint, without forced tokens;
-- ``hybrid+forced``: the same with forced tokens (what ``specli run --json-schema`` does);
+- ``lookup+forced``: forced tokens and prompt lookup, no draft model;
+- ``hybrid+forced``: specli's default drafters (prompt lookup + the draft model) with forced
+  tokens (what ``specli run --json-schema`` does);
+- any other draft mode by name, with or without ``+forced`` (``--modes``; ``hybrid``: the
+  default drafters without forced tokens);
 - ``llama-server`` / ``llama-server+draft`` (``--llama-server``): llama.cpp's server, built
   from the same llama.cpp (tests/llama_server.py), with the same schema in its ``json_schema``
   field, plain and with the draft model (``-md``).
@@ -18,7 +20,7 @@ specli's modes must print plain's tokens exactly (or part at a near-tie, by
 specli.measure.lossless); llama-server's answers are compared as parsed JSON (its grammar
 allows other whitespace). Rates exclude prompt processing.
 
-    python benchmarks/constrained_bench.py --profile default --repeat 2 --llama-server \\
+    python benchmarks/constrained_bench.py --profile default --repeat 1 --llama-server \\
         --out research/results/constrained_bench.json --md research/results/constrained_bench.md
 """
 
@@ -42,7 +44,7 @@ from specli.speculate.settings import SpecSettings
 from specli.speculate.verify import SamplingParams
 
 HERE = Path(__file__).resolve().parent
-MODES = ("plain", "forced", "hybrid", "hybrid+forced")
+MODES = ("plain", "forced", "lookup+forced", "hybrid+forced")
 
 
 def load_suite(path: Path) -> list[dict]:
