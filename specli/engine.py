@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from specli.errors import ContextFull, SpecliError
+from specli.errors import ContextFull, Interrupted, SpecliError
 from specli.resolve.gguf_header import VocabInfo, read_gguf
 from specli.tokens import common_prefix
 
@@ -293,6 +293,8 @@ class Context:
         b = self._batch if embd is None else self._embd_batch()
         start = 0
         while start < n:
+            if start:
+                self.between_chunks()
             chunk = tokens[start:start + self.n_batch]
             last_chunk = start + len(chunk) == n
             pos0 = self.n_past
@@ -312,6 +314,10 @@ class Context:
         if logits == "none":
             return []
         return out if logits == "all" else out[-1:]
+
+    def between_chunks(self) -> None:
+        """Between two chunks of one eval (a long prompt): a sequence of a shared context
+        stops here when its request is gone (:class:`SeqContext`)."""
 
     def _decode_chunk(self, b, chunk: Sequence[int], pos0: int, want: Sequence[bool],
                       embd: np.ndarray | None) -> list[np.ndarray]:
@@ -520,9 +526,14 @@ class SeqContext(Context):
         self.listeners = []
         self.n_decode_calls = self.n_rows = self.n_restored = self.n_replayed = self._cuttable = 0
         self._checkpoint = None
+        self.interrupt: Callable[[], bool] | None = None  # True: stop the prompt at its next chunk
 
     def close(self) -> None:  # the parent owns the llama context
         pass
+
+    def between_chunks(self) -> None:
+        if self.interrupt is not None and self.interrupt():
+            raise Interrupted()
 
     def _decode_chunk(self, b, chunk, pos0, want, embd):
         if embd is not None:

@@ -37,6 +37,14 @@ class ContextFull(SpecliError):
         self.needed, self.n_ctx = needed, n_ctx
 
 
+class Interrupted(SpecliError):
+    """A request stopped between two chunks of its prompt (its client left): what was
+    evaluated stays cached, consistent."""
+
+    def __init__(self):
+        super().__init__("interrupted between two chunks of the prompt")
+
+
 class NoChatTemplate(SpecliError):
     hint = "use --raw"
 

@@ -3,6 +3,8 @@ ollama clients against a real server on the tiny f32 pair (in this process, so t
 requests at the worker's hooks): every text is its single-client text, the requests shared
 their decodes, a client that leaves frees its slot at once, and a full queue still answers 503."""
 
+import json
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -150,3 +152,38 @@ def test_beyond_the_slots_and_the_queue_503_with_retry_after(served, client, mod
     for s in streams:
         assert [c.choices[0].finish_reason for c in s if c.choices and c.choices[0].finish_reason] == ["length"]
     assert health(served)["rejected"] == rejected + 1
+
+
+def test_a_client_that_leaves_during_its_prompt_frees_its_slot_before_the_prompt_is_in(served, model_id, worker):
+    """A prompt of several chunks whose client leaves after the first: the rest is never
+    decoded, the slot is free at once (its first chunk stays cached), the job counts as cancelled."""
+    before = health(served)
+    first = threading.Event()
+    seen, slots = [], []
+
+    def hook(job, n):
+        seen.append(n)
+        slots.append(worker._mine.slot)  # the hook runs on the job's own thread
+        first.set()
+        job.cancel_requested.wait(60)  # until the server has seen its client leave
+
+    worker.prompt_chunk = hook
+    prompt = "Count the words: " + "lighthouse keeper " * 150
+    body = json.dumps({"model": model_id, "messages": [{"role": "user", "content": prompt}],
+                       "max_tokens": 8, "stream": True}).encode()
+    host, port = served[0].removeprefix("http://").split(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=60) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            assert first.wait(60), sock.recv(4096)
+        deadline = time.monotonic() + 60
+        while health(served)["cancelled"] == before["cancelled"] and time.monotonic() < deadline:
+            time.sleep(0.01)  # waiting for the server to see the client leave, not for generation
+    finally:
+        worker.prompt_chunk = None
+    now = health(served)
+    assert seen == [1]  # stopped before its second chunk
+    assert now["cancelled"] == before["cancelled"] + 1 and now["failed"] == before["failed"]
+    assert now["active"] == 0 and not slots[0].busy
+    assert len(slots[0].ctx.tokens) == slots[0].ctx.n_batch  # its first chunk, cached; no more

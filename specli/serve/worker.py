@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specli.constrain import Constraint
+from specli.errors import Interrupted
 from specli.serve.schemas import FINISH
 from specli.session import Session
 from specli.speculate.batch import Batch, Slot
@@ -99,8 +100,9 @@ class Worker:
     generating; :meth:`submit` raises :class:`QueueFull` beyond that.
 
     ``before_job(job)`` and ``after_chunk(job, n)`` are called on the worker thread before a
-    generation starts and after its n-th chunk has been handed on (tests hold a generation
-    there)."""
+    generation starts and after its n-th chunk has been handed on; ``prompt_chunk(job, n)``
+    (``--parallel``) after the n-th chunk of its prompt went in, when more follow (tests hold
+    a generation there)."""
 
     slots = 1  # jobs generating at once
 
@@ -115,6 +117,7 @@ class Worker:
         self.served = self.cancelled = self.rejected = self.failed = self.submitted = 0
         self.before_job: Callable[[Job], None] | None = None
         self.after_chunk: Callable[[Job, int], None] | None = None
+        self.prompt_chunk: Callable[[Job, int], None] | None = None
 
     # -- the event loop's side ---------------------------------------------------------
     def start(self) -> None:
@@ -185,6 +188,10 @@ class Worker:
             self._hook(self.before_job, job)
         try:
             finish, stats = self._generate(job)
+        except Interrupted:  # its client left while its prompt went in, chunk by chunk
+            self._count("cancelled")
+            job.put(Event("cancelled"))
+            return
         except Exception as e:  # noqa: BLE001 - the error goes to the client, the server keeps serving
             self._count("failed")
             self._reset()  # whatever the cache holds now, the next request re-evaluates
@@ -243,8 +250,9 @@ class ParallelWorker(Worker):
     """Serves up to ``parallel`` jobs at once, in one batch (:class:`specli.speculate.batch.Batch`
     over the session's context of that many sequences): the worker thread admits waiting jobs
     into free slots between steps, each on its own thread; a job that ends or whose client
-    has gone frees its slot at its next step. At most ``queue`` jobs wait behind the running
-    ones. ``hold()``/``release()``: admit nothing meanwhile (tests start several together)."""
+    has gone frees its slot at its next step (or its prompt's next chunk). At most ``queue``
+    jobs wait behind the running ones. ``hold()``/``release()``: admit nothing meanwhile
+    (tests start several together)."""
 
     def __init__(self, session: Session, queue: int = 8):
         super().__init__(session, queue)
@@ -307,6 +315,7 @@ class ParallelWorker(Worker):
         try:
             self._serve(job)
         finally:
+            slot.ctx.interrupt = None
             self.batch.batcher.leave()
             self.batch.release(slot)
             with self._cond:
@@ -314,6 +323,17 @@ class ParallelWorker(Worker):
                 self._cond.notify_all()
 
     def _start(self, job: Job) -> Response:
+        slot = self._mine.slot
+        chunks = 0
+
+        def gone() -> bool:  # between two chunks of the prompt: is its client gone?
+            nonlocal chunks
+            chunks += 1
+            if self.prompt_chunk is not None:
+                self._hook(self.prompt_chunk, job, chunks)
+            return job.cancelled
+
+        slot.ctx.interrupt = gone
         return self.batch.generate(self._mine.slot, job.prompt, job.params, job.max_tokens, exact_prefill=True,
                                    constraint=job.constraint, logprobs=job.logprobs)
 
