@@ -9,6 +9,7 @@ from tiny2026 import tiny_2026_model
 
 from specli.session import Options, Session
 from specli.speculate.batch import Batch, Estimate, allocate
+from specli.speculate.controller import block_ratio
 from specli.speculate.settings import SpecSettings
 from specli.speculate.verify import SamplingParams
 
@@ -123,3 +124,49 @@ def test_the_batch_drafts_less_as_it_fills():
     # a paid draft token (a draft model's pass) is dearer: fewer of them
     paid = allocate([Estimate(0.9, 0.9, 0.004, 16)] * 4, verify)
     assert sum(paid) < sum(allocate([sure] * 4, verify))
+
+
+def test_a_draft_model_pass_is_priced_at_its_wall_time_and_catch_up():
+    """A draft model's passes stall every member of the batch: priced with its catch-up over
+    what its cache lacks, a draft that would pay at a pass's cost alone gets nothing."""
+    verify = [0.100 * (1 + 0.05 * k) for k in range(17)]
+    pass_s = 0.010  # a draft-model pass: a tenth of a target pass
+    cheap = Estimate(0.8, 0.8, pass_s, 16)  # caught up: its first token is one pass
+    assert allocate([cheap] * 4, verify)[0] > 0
+    behind = Estimate(0.8, 0.8, pass_s, 16, draft_first=pass_s * block_ratio(verify, 300))  # the prompt first
+    assert allocate([behind, cheap, cheap, cheap], verify)[0] == 0
+    dear = Estimate(0.8, 0.8, 0.040, 16)  # a pass that costs 40 % of a target pass
+    assert allocate([dear] * 4, verify) == [0, 0, 0, 0]
+    # a free draft of the same acceptance still pays
+    assert allocate([Estimate(0.8, 0.8, 0.0, 16)] * 4, verify)[0] > 0
+
+
+@pytest.mark.parametrize("pass_s,model", [(10.0, False), (1e-6, True)])
+def test_a_slot_whose_draft_model_cannot_pay_drafts_no_model_pass(tiny_target, tiny_draft, pass_s, model):
+    """Two busy slots; one's draft model measured at ``pass_s`` a pass: too dear, the batch
+    plans it lookup's share and its draft model decodes nothing (it does not even catch up
+    on the prompt), though its own controller, alone, would draft with it; nearly free, the
+    model drafts."""
+    two = session(tiny_target, tiny_draft, 2, draft_max=8)
+    batch = Batch(two)
+    a, b = batch.slots
+    a.busy = b.busy = True
+    a.drafter.pass_time = pass_s  # the batch's price of a pass
+    a.drafter.inner.ctl.cost.draft_token = 1e-6  # alone, its own controller would draft with it
+    a.drafter.begin([], None)
+    a.drafter.inner.ctl.acceptance(a.drafter.inner.msource).f_ok = 1.9  # its drafts have been good (0.95)
+    for n in range(1, 18):
+        batch.batcher.measured[n] = 0.05 * (1 + 0.05 * (n - 1))  # passes of n rows took this lately
+    context = two.target.tokenize("1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3,")
+    k, model_ok = batch.plan(a, context, 8)
+    assert model_ok is model
+    drafter_ctx = a.drafter.model.ctx
+    calls = drafter_ctx.n_decode_calls
+    d = a.drafter.propose(context, 8)
+    if model:
+        assert k > 0 and d.source == a.drafter.inner.msource and drafter_ctx.n_decode_calls > calls
+    else:
+        assert drafter_ctx.n_decode_calls == calls and d.source.kind in ("lookup", "none")
+        assert len(d.tokens) <= k
+    batch.close()
+    two.close()

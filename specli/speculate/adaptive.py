@@ -76,6 +76,7 @@ class AdaptiveDrafter(Drafter):
             else "lookup"
         self.bins = [Acceptance(first=min(e, 1.0), rest=min(e, 1.0)) for e in CONFIDENCE_BINS]
         self._model_drafted = False  # has the controller chosen the model yet (probes aside)
+        self.model_on = True  # may the model draft this step (a batch that cannot pay its passes says no)
         self._pending: tuple[Source, list[int]] | None = None  # lookup's proposal
         self._end: int | None = None  # the context length at which the answer must end
         self.last = None  # the last Decision, for tests and stats
@@ -107,7 +108,7 @@ class AdaptiveDrafter(Drafter):
                 # happens to recur cannot buy a 16-token block, a copy in sync can
                 cands[look_key] = min(len(look), 2 * match)
         behind = lacks = 1
-        if self.model is not None:
+        if self.model is not None and self.model_on:
             cands[self.msource] = min(max_len, self.model.max_len or max_len)
             # a draft model first catches up on what its cache lacks: what the target emitted
             # since it last drafted; before its first draft, the prompt, which the controller

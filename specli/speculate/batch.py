@@ -33,15 +33,16 @@ from specli.constrain import Constraint, ForcedDrafter
 from specli.engine import Context, SeqContext
 from specli.errors import SpecliError
 from specli.speculate import registry
-from specli.speculate.adaptive import AdaptiveDrafter
+from specli.speculate.adaptive import CATCH_UP_PRICED, AdaptiveDrafter
 from specli.speculate.controller import block_ratio, prior
-from specli.speculate.drafters import LOOKUP, Draft, Drafter, ModelDrafter, Source
+from specli.speculate.drafters import LOOKUP, Draft, Drafter, ModelDrafter
 from specli.speculate.loop import Response, generate
 from specli.speculate.registry import DraftKind
 from specli.speculate.verify import SamplingParams
 from specli.tokens import common_prefix
 
 PREFILL_CHUNK = 256  # the most prompt tokens one request puts in a step
+SMOOTHING = 0.1  # of the measured speed of the batch's passes and of a draft model's pass
 
 
 @dataclass
@@ -75,6 +76,10 @@ class Batcher:
         self.shared = 0  # decodes that held two sequences or more
         self.max_seqs = 0  # the most sequences one decode held
         self.share: dict[int, float] = {}  # per sequence: its part of the last decode's time (by rows)
+        self.curve: list[float] | None = None  # the calibrated verify curve, when the batch prices drafts
+        self.speed = 1.0  # measured / calibrated time of the steps' decodes, lately (the first sets it)
+        self._timed = False
+        self.measured: dict[int, float] = {}  # rows -> seconds a decode of that many took, lately
 
     def join(self) -> None:
         with self._cond:
@@ -139,6 +144,13 @@ class Batcher:
             return
         dt = time.perf_counter() - t0
         n = sum(len(it.tokens) for it in group)
+        if self.curve is not None and n <= len(self.curve):  # a step's size, on the calibrated curve
+            old = self.measured.get(n)
+            self.measured[n] = dt if old is None else old + SMOOTHING * (dt - old)
+            if self.curve[n - 1] > 0:
+                r = dt / self.curve[n - 1]
+                self.speed = self.speed + SMOOTHING * (r - self.speed) if self._timed else r
+                self._timed = True
         for it, rows in zip(group, out, strict=True):
             it.rows = rows
             self.share[it.seq] = dt * len(it.tokens) / n
@@ -169,13 +181,17 @@ class Batcher:
 @dataclass
 class Estimate:
     """What one request's next draft is worth: the chance its first token is accepted, each
-    later one (given the ones before), the seconds a drafted token costs (0 for lookup), and
-    the most tokens it may draft."""
+    later one (given the ones before), the seconds a drafted token costs (0 for lookup), the
+    most tokens it may draft, and the seconds its first drafted token costs (a draft model's
+    catch-up pass over what its cache lacks, which yields it; None: ``draft_token``). A draft
+    model's passes stall the whole batch (every member waits for its block), so they are
+    priced as the batch's time."""
 
     first: float
     rest: float
     draft_token: float
     cap: int
+    draft_first: float | None = None
 
 
 def allocate(requests: Sequence[Estimate], verify: Sequence[float]) -> list[int]:
@@ -202,7 +218,7 @@ def allocate(requests: Sequence[Estimate], verify: Sequence[float]) -> list[int]
             if k[i] >= r.cap:
                 continue
             gain = p[i] * (r.first if k[i] == 0 else r.rest)
-            score = gain / max(extra + r.draft_token, 1e-12)
+            score = gain / max(extra + _draft_cost(r, k[i]), 1e-12)
             if score > best:
                 best, best_i = score, i
         if best_i < 0 or best * seconds <= tokens:
@@ -210,23 +226,37 @@ def allocate(requests: Sequence[Estimate], verify: Sequence[float]) -> list[int]
         r = requests[best_i]
         p[best_i] *= r.first if k[best_i] == 0 else r.rest
         tokens += p[best_i]
-        seconds += extra + r.draft_token
+        seconds += extra + _draft_cost(r, k[best_i])
         k[best_i] += 1
         rows += 1
 
 
+def _draft_cost(r: Estimate, k: int) -> float:
+    """The seconds request ``r``'s (k+1)-th drafted token costs to draft."""
+    return r.draft_first if k == 0 and r.draft_first is not None else r.draft_token
+
+
 class BatchDrafter(Drafter):
-    """A slot's drafter inside a batch: drafts no more than the batch's allocation gives it,
-    one slot's drafting at a time (a draft model's passes do not fight over the cores), and
-    tells its controller the part of each batch pass its block took, not the whole pass."""
+    """A slot's drafter inside a batch: drafts no more than the batch's allocation gives it
+    (:meth:`Batch.plan`), with its draft model only when the allocation finds that its passes
+    (their whole wall time, which every member of the batch waits out) pay, else from the
+    free sources only (prompt lookup); one slot's drafting at a time (a draft model's passes
+    do not fight over the cores). It tells its controller the part of each batch pass its
+    block took, not the whole pass, and times its draft model's passes itself (their wall
+    time, not the wait for another slot's drafting)."""
 
     def __init__(self, inner: Drafter, batch: Batch, slot: Slot):
         self.inner, self.batch, self.slot = inner, batch, slot
         self.name = inner.name
-        model = getattr(inner, "model", None)  # what it drafted with last (before: its draft model, else lookup)
-        self.source: Source = inner.msource if isinstance(inner, AdaptiveDrafter) and model is not None else LOOKUP
+        self.adaptive = isinstance(inner, AdaptiveDrafter)
+        self.model = inner.model if self.adaptive else None  # the draft model (a PaidDrafter), if any
+        self.look = LOOKUP  # the lookup source (match bucket) it drafted from last
+        self.est: Estimate | None = None  # its draft as last priced (what the other slots count it at)
+        self.pass_time: float | None = None  # a draft-model pass's measured wall time (None: not timed yet)
+        self._waited = 0.0  # the last propose's wait for another slot's drafting
 
     def begin(self, prompt, max_tokens) -> None:
+        self.est = None
         self.inner.begin(prompt, max_tokens)
 
     def constrain(self, guide) -> None:
@@ -236,33 +266,60 @@ class BatchDrafter(Drafter):
     def sampling(self, sampler) -> None:
         self.inner.sampling(sampler)
 
-    def estimate(self, cap: int) -> Estimate | None:
-        """This slot's next draft's worth (None: not priced, it drafts ``cap``: --fixed)."""
-        d = self.inner
-        if not isinstance(d, AdaptiveDrafter):
-            return None
-        a = d.ctl.sources.get(self.source) or prior(self.source)  # read only: its thread may be learning
-        return Estimate(a.alpha_first, a.alpha_rest, 0.0 if self.source.free else d.ctl.cost.draft_token, cap)
+    # -- prices --------------------------------------------------------------------------
+    def free_estimate(self, cap: int) -> Estimate:
+        """Its next draft from lookup: free to draft (a read of the index)."""
+        a = self.inner.ctl.sources.get(self.look) or prior(self.look)
+        return Estimate(a.cautious_first(), a.alpha_rest, 0.0, cap)
 
+    def model_estimate(self, context: Sequence[int], cap: int) -> Estimate | None:
+        """Its next draft from the draft model (None: it has none): each pass at its measured
+        wall time, the first one the catch-up over all the model's cache lacks (the prompt
+        too, before its first draft: no outlay spread over drafts to come, the whole batch
+        waits it out now)."""
+        if self.model is None:
+            return None
+        ctl, src = self.inner.ctl, self.inner.msource
+        a = ctl.acceptance(src)
+        dt = self.pass_time
+        if dt is None:  # calibrated with the verify curve, at the batch's measured speed since
+            dt = ctl.cost.draft_calibrated * self.batch.batcher.speed
+        behind = max(1, self.model.behind(context))
+        return Estimate(a.alpha_first, a.alpha_rest, dt, cap, dt * ctl.batch_ratio(behind))
+
+    # -- a step --------------------------------------------------------------------------
     def propose(self, context: Sequence[int], max_len: int) -> Draft:
-        k = self.batch.cap(self.slot, max_len)
-        with self.batch.draft_lock:
+        k, model_ok = self.batch.plan(self.slot, context, max_len)
+        if self.adaptive:
+            self.inner.model_on = model_ok
+        t0 = time.perf_counter()
+        if model_ok and self.model is not None:
+            with self.batch.draft_lock:
+                self._waited = time.perf_counter() - t0
+                d = self.inner.propose(context, k)
+        else:
+            self._waited = 0.0
             d = self.inner.propose(context, k)
-        if d.tokens:
-            self.source = d.source
+        if d.tokens and d.source.kind == "lookup":
+            self.look = d.source
         return d
 
     def _verify_time(self, t_verify: float) -> float:
         return self.batch.batcher.share.get(self.slot.index, t_verify)
 
     def observe(self, draft: Draft, n_accepted: int, emitted: list[int], t_draft: float, t_verify: float) -> None:
+        t_draft -= self._waited
+        if self.model is not None and draft.source == self.inner.msource and draft.caught_up <= CATCH_UP_PRICED:
+            per = t_draft / (draft.passes + 1)  # its passes' wall time, Python's share included
+            self.pass_time = per if self.pass_time is None else self.pass_time + SMOOTHING * (per - self.pass_time)
         self.inner.observe(draft, n_accepted, emitted, t_draft, self._verify_time(t_verify))
 
     def observe_forced(self, draft, n_forced, n_accepted, emitted, t_draft, t_verify) -> None:
-        self.inner.observe_forced(draft, n_forced, n_accepted, emitted, t_draft, self._verify_time(t_verify))
+        self.inner.observe_forced(draft, n_forced, n_accepted, emitted, t_draft - self._waited,
+                                  self._verify_time(t_verify))
 
     def room(self, max_len: int) -> int:
-        return self.batch.cap(self.slot, max_len)
+        return self.batch.plan(self.slot, None, max_len, free=True)[0]
 
     def forced(self, n: int, max_len: int) -> int:
         return self.inner.forced(n, max_len)
@@ -331,10 +388,10 @@ class Batch:
         self.session = session
         self.mode = session.draft.mode
         self.draft_max = session.opts.spec.draft_max
-        if self.mode.adaptive and self.mode.kind is not DraftKind.NONE:
-            session.verify_costs()  # calibrated on sequence 0 before any slot holds it
-        ctx.clear()
         self.batcher = Batcher(ctx)
+        if self.mode.adaptive and self.mode.kind is not DraftKind.NONE:
+            self.batcher.curve = session.verify_costs()  # calibrated on sequence 0 before any slot holds it
+        ctx.clear()
         self.draft_lock = threading.Lock()
         self._lock = threading.Lock()
         step = max(1, min(chunk, ctx.n_batch // n))
@@ -379,18 +436,43 @@ class Batch:
             self.batcher.leave()
 
     # -- draft lengths -------------------------------------------------------------------
-    def cap(self, slot: Slot, max_len: int) -> int:
-        """The most tokens ``slot`` may draft this step, by :func:`allocate` over the busy slots."""
+    def plan(self, slot: Slot, context: Sequence[int] | None, max_len: int, free: bool = False) -> tuple[int, bool]:
+        """The most tokens ``slot`` may draft this step, by :func:`allocate` over the busy
+        slots (the others at the price of their last draft), and whether its draft model may
+        draft them: only when it earns a share at its own price (its passes' wall time,
+        catch-up included); else lookup's share, free. Alone, or drafting with fixed lengths
+        (--fixed), it drafts up to ``max_len`` as it does served alone. ``free``: a draft
+        that costs nothing to make (tokens a grammar forces)."""
+        d = slot.drafter
         if max_len <= 0:
-            return 0
+            return 0, False
         with self._lock:
-            busy = [s for s in self.slots if s.busy and s.drafter is not None]
-            mine = slot.drafter.estimate(max_len)
-            if mine is None or len(busy) <= 1:
-                return max_len
-            ests = [mine if s is slot else s.drafter.estimate(self.draft_max) for s in busy]
-            caps = allocate(ests, self.session.verify_costs())
-            return min(max_len, caps[busy.index(slot)])
+            others = [s.drafter for s in self.slots if s.busy and s is not slot]
+        if not d.adaptive or not others:
+            return max_len, True
+        verify = self.verify_curve()
+        ests = [o.est or o.free_estimate(self.draft_max) for o in others]
+        look = d.free_estimate(max_len)
+        model = None if free else d.model_estimate(context, max_len)
+        if model is not None:
+            k = allocate([model, *ests], verify)[0]
+            if k > 0:
+                d.est = model
+                return k, True
+        d.est = look
+        return allocate([look, *ests], verify)[0], False
+
+    def verify_curve(self) -> list[float]:
+        """The price of a batch pass by its rows (``[n - 1]``: n rows): what passes of that
+        size have taken lately, else the calibrated curve at the speed the batch's passes have
+        run at lately; never cheaper for more rows (a noisy calibration must not make a row
+        look free)."""
+        b = self.batcher
+        out, hi = [], 0.0
+        for n, cal in enumerate(self.session.verify_costs(), 1):
+            hi = max(hi, b.measured.get(n, cal * b.speed))
+            out.append(hi)
+        return out
 
     # -- generation ----------------------------------------------------------------------
     def generate(self, slot: Slot, prompt: Sequence[int], params: SamplingParams, max_tokens: int,
