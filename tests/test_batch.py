@@ -10,6 +10,7 @@ from tiny2026 import tiny_2026_model
 from specli.session import Options, Session
 from specli.speculate.batch import Batch, Estimate, allocate
 from specli.speculate.controller import block_ratio
+from specli.speculate.drafters import ModelDrafter
 from specli.speculate.settings import SpecSettings
 from specli.speculate.verify import SamplingParams
 
@@ -83,8 +84,10 @@ def test_sampled_requests_with_their_own_seeds_equal_their_solo_answers(tiny_tar
     got = batched(batch, reqs)
     assert got == want
     assert four.ctx.n_decode_calls > 0 and batch.stats()["max_sequences"] == 4
-    drafts = {id(s.drafter.inner.ctx) for s in batch.slots if s.drafter.inner.ctx.n_past}
-    assert len(drafts) == 4  # each slot drafts in its own draft-model context
+    # each slot drafts in its own sequence of one draft-model context, the slots' passes together
+    assert sorted(s.drafter.inner.ctx.seq for s in batch.slots if s.drafter.inner.ctx.n_past) == [0, 1, 2, 3]
+    st = batch.stats()["draft"]
+    assert st["max_sequences"] == 4 and st["shared_decodes"] > 0
     batch.close()
     one.close()
     four.close()
@@ -141,6 +144,17 @@ def test_a_draft_model_pass_is_priced_at_its_wall_time_and_catch_up():
     assert allocate([Estimate(0.8, 0.8, 0.0, 16)] * 4, verify)[0] > 0
 
 
+def test_a_draft_model_pass_is_shared_by_every_slot_drafting_at_that_depth():
+    """The slots' draft models run each pass as one decode: a token at a depth another slot's
+    model draft already reaches costs a row, not a pass."""
+    verify = [0.100 * (1 + 0.05 * k) for k in range(17)]
+    sure, unsure = Estimate(0.95, 0.95, 0.030, 16), Estimate(0.5, 0.5, 0.030, 16)
+    useless = Estimate(0.0, 0.0, 0.0, 16)
+    assert allocate([unsure, useless], verify) == [0, 0]  # its own passes: too dear
+    assert allocate([sure, useless], verify) == [4, 0]
+    assert allocate([sure, unsure], verify) == [2, 2]  # riding the sure one's passes, it drafts
+
+
 @pytest.mark.parametrize("pass_s,model", [(10.0, False), (1e-6, True)])
 def test_a_slot_whose_draft_model_cannot_pay_drafts_no_model_pass(tiny_target, tiny_draft, pass_s, model):
     """Two busy slots; one's draft model measured at ``pass_s`` a pass: too dear, the batch
@@ -170,3 +184,38 @@ def test_a_slot_whose_draft_model_cannot_pay_drafts_no_model_pass(tiny_target, t
         assert len(d.tokens) <= k
     batch.close()
     two.close()
+
+
+def test_the_slots_draft_models_run_as_one_batch_each_drafting_what_it_drafts_alone(tiny_target, tiny_draft,
+                                                                                   monkeypatch):
+    """Three requests drafting with the draft model at once (--fixed, 4 tokens a step): each
+    draft pass of the slots drafting is one llama_decode of the draft model's context, and
+    every draft each request gets, and its output, are those it gets served alone."""
+    drafts = []
+    propose = ModelDrafter.propose
+
+    def recorded(self, context, max_len, *args, **kw):
+        d = propose(self, context, max_len, *args, **kw)
+        drafts.append((tuple(context), tuple(d.tokens)))
+        return d
+
+    monkeypatch.setattr(ModelDrafter, "propose", recorded)
+    one = session(tiny_target, tiny_draft, 1, adaptive=False, draft_max=4)
+    three = session(tiny_target, tiny_draft, 3, adaptive=False, draft_max=4)
+    reqs = requests(one, [SamplingParams()] * 4)[:3]
+
+    def per_request():
+        return [[(len(c), d) for c, d in drafts if list(c[:len(r["prompt"])]) == r["prompt"]] for r in reqs]
+
+    want = [solo(one, **r) for r in reqs]
+    want_drafts, drafts[:] = per_request(), []
+    assert all(sum(len(d) for _, d in r) >= 8 for r in want_drafts)  # each request drafted, step after step
+    batch = Batch(three)
+    assert batched(batch, reqs) == want
+    assert per_request() == want_drafts
+    st = batch.stats()["draft"]
+    passes = sum(len(d) + 1 for _, d in drafts)  # a catch-up pass and a pass per drafted token
+    assert st["max_sequences"] == 3 and st["decodes"] < passes  # the slots' passes went together
+    batch.close()
+    one.close()
+    three.close()

@@ -341,7 +341,7 @@ class ParallelWorker(Worker):
         self._mine.slot.ctx.clear()
 
     def _hook(self, hook: Callable, *args) -> None:
-        with self.batch.batcher.away():  # the others' steps go on meanwhile
+        with self.batch.away(self._mine.slot):  # the others' steps go on meanwhile
             hook(*args)
 
 

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -67,6 +67,10 @@ class Batcher:
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
+        # a draft model's batcher: a sequence decoded here may draft there until its next block
+        # here (it is inside that batcher's phase meanwhile; see :meth:`enter`)
+        self.phase: Batcher | None = None
+        self.inside: set[int] = set()  # (a phase) the sequences it waits for, besides the members
         self.lock = threading.RLock()
         self._cond = threading.Condition(threading.Lock())
         self._pending: list[_Item] = []
@@ -100,8 +104,26 @@ class Batcher:
         finally:
             self.join()
 
+    def enter(self, seqs: set[int]) -> None:
+        """These sequences may draft here now: a decode waits for their blocks too, until each
+        has asked or dropped out (:meth:`drop`). Every sequence a step of the target's batch
+        just decoded enters: their draft passes then go in one decode."""
+        with self._cond:
+            self.inside |= seqs
+
+    def drop(self, seq: int) -> None:
+        """``seq`` drafts no more until it enters again (it goes on to its target step, or away)."""
+        with self._cond:
+            if seq not in self.inside:
+                return
+            self.inside.discard(seq)
+            ready = self._take_if_ready()
+        self._decode(ready)
+
     def submit(self, seq: int, tokens: Sequence[int], pos0: int, want: Sequence[bool]) -> list[np.ndarray]:
         """Decode ``tokens`` in sequence ``seq`` with the others' blocks; the logits rows asked for."""
+        if self.phase is not None:
+            self.phase.drop(seq)
         item = _Item(seq, tokens, pos0, want)
         with self._cond:
             self._pending.append(item)
@@ -116,7 +138,8 @@ class Batcher:
 
     def _take_if_ready(self) -> list[_Item]:
         """Every pending block once every member has asked (the caller then decodes them)."""
-        if not self._pending or len(self._pending) < self.members:
+        if not self._pending or len(self._pending) < self.members or \
+                not self.inside <= {it.seq for it in self._pending}:
             return []
         items, self._pending = sorted(self._pending, key=lambda it: it.seq), []
         return items
@@ -129,6 +152,8 @@ class Batcher:
                 for group in self._groups(items):
                     self._run(group)
         finally:
+            if self.phase is not None:
+                self.phase.enter({it.seq for it in items})
             with self._cond:
                 for it in items:
                     it.done = True
@@ -196,11 +221,14 @@ class Estimate:
 
 def allocate(requests: Sequence[Estimate], verify: Sequence[float]) -> list[int]:
     """Draft lengths for one batch step of these requests. The step costs the verify curve's
-    price of all its rows (one per request, plus the drafts) and yields one token per request
-    plus the expected accepted drafts. Draft tokens are added one at a time where the next
-    one adds the most expected tokens per second it adds, while that beats the step's rate
-    so far (a token the batch's own rate pays better is not drafted). One request alone
-    drafts up to its cap: its own controller prices its draft as it does serving alone."""
+    price of all its rows (one per request, plus the drafts) and the draft model's passes,
+    and yields one token per request plus the expected accepted drafts. Draft tokens are
+    added one at a time where the next one adds the most expected tokens per second it adds,
+    while that beats the step's rate so far (a token the batch's own rate pays better is not
+    drafted). The draft model drafts every slot's i-th token in one pass: a token at a
+    depth another request's model draft already reaches costs no pass of its own (its first
+    still its catch-up beyond one token). One request alone drafts up to its cap: its own
+    controller prices its draft as it does serving alone."""
     if len(requests) <= 1:
         return [r.cap for r in requests]
 
@@ -211,6 +239,12 @@ def allocate(requests: Sequence[Estimate], verify: Sequence[float]) -> list[int]
     p = [1.0] * len(requests)
     rows = len(requests)
     tokens, seconds = float(rows), cost(rows)
+
+    def draft_cost(i: int) -> float:
+        r = requests[i]
+        shared = any(k[j] > k[i] and requests[j].draft_token > 0 for j in range(len(requests)) if j != i)
+        return _draft_cost(r, k[i]) - (r.draft_token if shared else 0.0)
+
     while True:
         best, best_i = 0.0, -1
         extra = cost(rows + 1) - cost(rows)
@@ -218,7 +252,7 @@ def allocate(requests: Sequence[Estimate], verify: Sequence[float]) -> list[int]
             if k[i] >= r.cap:
                 continue
             gain = p[i] * (r.first if k[i] == 0 else r.rest)
-            score = gain / max(extra + _draft_cost(r, k[i]), 1e-12)
+            score = gain / max(extra + draft_cost(i), 1e-12)
             if score > best:
                 best, best_i = score, i
         if best_i < 0 or best * seconds <= tokens:
@@ -226,7 +260,7 @@ def allocate(requests: Sequence[Estimate], verify: Sequence[float]) -> list[int]
         r = requests[best_i]
         p[best_i] *= r.first if k[best_i] == 0 else r.rest
         tokens += p[best_i]
-        seconds += extra + _draft_cost(r, k[best_i])
+        seconds += extra + draft_cost(best_i)
         k[best_i] += 1
         rows += 1
 
@@ -240,10 +274,10 @@ class BatchDrafter(Drafter):
     """A slot's drafter inside a batch: drafts no more than the batch's allocation gives it
     (:meth:`Batch.plan`), with its draft model only when the allocation finds that its passes
     (their whole wall time, which every member of the batch waits out) pay, else from the
-    free sources only (prompt lookup); one slot's drafting at a time (a draft model's passes
-    do not fight over the cores). It tells its controller the part of each batch pass its
-    block took, not the whole pass, and times its draft model's passes itself (their wall
-    time, not the wait for another slot's drafting)."""
+    free sources only (prompt lookup). The slots' draft models are one context's sequences:
+    the slots drafting at once run each pass as one decode (:class:`Batcher` again). It tells
+    its controller the part of each batch pass its block took, not the whole pass, and times
+    its draft model's passes itself."""
 
     def __init__(self, inner: Drafter, batch: Batch, slot: Slot):
         self.inner, self.batch, self.slot = inner, batch, slot
@@ -253,7 +287,6 @@ class BatchDrafter(Drafter):
         self.look = LOOKUP  # the lookup source (match bucket) it drafted from last
         self.est: Estimate | None = None  # its draft as last priced (what the other slots count it at)
         self.pass_time: float | None = None  # a draft-model pass's measured wall time (None: not timed yet)
-        self._waited = 0.0  # the last propose's wait for another slot's drafting
 
     def begin(self, prompt, max_tokens) -> None:
         self.est = None
@@ -292,14 +325,7 @@ class BatchDrafter(Drafter):
         k, model_ok = self.batch.plan(self.slot, context, max_len)
         if self.adaptive:
             self.inner.model_on = model_ok
-        t0 = time.perf_counter()
-        if model_ok and self.model is not None:
-            with self.batch.draft_lock:
-                self._waited = time.perf_counter() - t0
-                d = self.inner.propose(context, k)
-        else:
-            self._waited = 0.0
-            d = self.inner.propose(context, k)
+        d = self.inner.propose(context, k)
         if d.tokens and d.source.kind == "lookup":
             self.look = d.source
         return d
@@ -308,15 +334,13 @@ class BatchDrafter(Drafter):
         return self.batch.batcher.share.get(self.slot.index, t_verify)
 
     def observe(self, draft: Draft, n_accepted: int, emitted: list[int], t_draft: float, t_verify: float) -> None:
-        t_draft -= self._waited
         if self.model is not None and draft.source == self.inner.msource and draft.caught_up <= CATCH_UP_PRICED:
             per = t_draft / (draft.passes + 1)  # its passes' wall time, Python's share included
             self.pass_time = per if self.pass_time is None else self.pass_time + SMOOTHING * (per - self.pass_time)
         self.inner.observe(draft, n_accepted, emitted, t_draft, self._verify_time(t_verify))
 
     def observe_forced(self, draft, n_forced, n_accepted, emitted, t_draft, t_verify) -> None:
-        self.inner.observe_forced(draft, n_forced, n_accepted, emitted, t_draft - self._waited,
-                                  self._verify_time(t_verify))
+        self.inner.observe_forced(draft, n_forced, n_accepted, emitted, t_draft, self._verify_time(t_verify))
 
     def room(self, max_len: int) -> int:
         return self.batch.plan(self.slot, None, max_len, free=True)[0]
@@ -342,17 +366,28 @@ class Slot:
     index: int
     ctx: SeqContext
     drafter: BatchDrafter | None = None
-    own: list = field(default_factory=list)  # what the slot made for itself (a draft model's context)
     busy: bool = False
     used: int = 0  # when it was last taken (for the least recently used)
 
 
+class _SlotModelDrafter(ModelDrafter):
+    """One slot's draft model: its sequence of the batch's draft-model context (the weights
+    and the measured cost of a pass are the session's drafter's)."""
+
+    def __init__(self, shared: ModelDrafter, ctx: SeqContext):
+        self.model, self.ctx, self.p_min, self.shared = shared.model, ctx, shared.p_min, shared
+
+    def token_cost(self) -> float:
+        return self.shared.token_cost()
+
+
 class _SlotParts:
     """The session's parts as one slot builds its drafter from (:class:`registry.Parts`): the
-    draft model's weights are shared, its context (KV cache) is the slot's own."""
+    draft model's weights are shared, its KV cache is the slot's sequence of the batch's
+    draft-model context."""
 
-    def __init__(self, session, slot: Slot):
-        self.session, self.slot = session, slot
+    def __init__(self, session, batch: Batch, slot: Slot):
+        self.session, self.batch, self.slot = session, batch, slot
 
     @property
     def settings(self):
@@ -368,11 +403,7 @@ class _SlotParts:
         if kind is not DraftKind.MODEL:
             raise SpecliError(f"--parallel drafts with a draft model or prompt lookup, not {kind}")
         shared = self.session.paid(kind)  # loads the draft model
-        if self.slot.index == 0:
-            return shared
-        d = ModelDrafter(shared.model, self.session.cfg, p_min=shared.p_min)
-        self.slot.own.append(d)
-        return d
+        return _SlotModelDrafter(shared, self.batch.draft_seq(shared.model, self.slot.index))
 
 
 class Batch:
@@ -392,14 +423,15 @@ class Batch:
         if self.mode.adaptive and self.mode.kind is not DraftKind.NONE:
             self.batcher.curve = session.verify_costs()  # calibrated on sequence 0 before any slot holds it
         ctx.clear()
-        self.draft_lock = threading.Lock()
         self._lock = threading.Lock()
+        self.chunk = chunk
         step = max(1, min(chunk, ctx.n_batch // n))
         self.slots = [Slot(i, SeqContext(ctx, i, self.batcher, step)) for i in range(n)]
         for s in self.slots:
             s.ctx.clear()  # whatever an earlier batch on this context left there
+        self.drafts: Batcher | None = None  # the draft model's, once a slot drafts with one
         for s in self.slots:
-            s.drafter = BatchDrafter(registry.build(self.mode, _SlotParts(session, s)), self, s)
+            s.drafter = BatchDrafter(registry.build(self.mode, _SlotParts(session, self, s)), self, s)
         self._taken = 0
 
     # -- slots -----------------------------------------------------------------------------
@@ -417,8 +449,28 @@ class Batch:
             return slot
 
     def release(self, slot: Slot) -> None:
+        if self.drafts is not None:
+            self.drafts.drop(slot.index)
         with self._lock:
             slot.busy = False
+
+    def draft_seq(self, model, seq: int) -> SeqContext:
+        """Sequence ``seq`` of the draft model's context of as many sequences as slots (made
+        on first use); the target's batcher lets each step's sequences draft there together."""
+        if self.drafts is None:
+            n = len(self.slots)
+            self.drafts = Batcher(Context(model, replace(self.session.cfg, n_seq=n)))
+            self.batcher.phase = self.drafts
+        dctx = self.drafts.ctx
+        return SeqContext(dctx, seq, self.drafts, max(1, min(self.chunk, dctx.n_batch // dctx.n_seq)))
+
+    @contextmanager
+    def away(self, slot: Slot) -> Iterator[None]:
+        """``slot``'s thread waits on something else meanwhile: the others draft and step on."""
+        if self.drafts is not None:
+            self.drafts.drop(slot.index)
+        with self.batcher.away():
+            yield
 
     @property
     def busy(self) -> int:
@@ -518,10 +570,13 @@ class Batch:
         return out
 
     def stats(self) -> dict:
-        return {"slots": len(self.slots), "busy": self.busy, **self.batcher.stats()}
+        out = {"slots": len(self.slots), "busy": self.busy, **self.batcher.stats()}
+        if self.drafts is not None:
+            out["draft"] = self.drafts.stats()  # the draft model's decodes: each pass of every slot drafting then
+        return out
 
     def close(self) -> None:
-        for s in self.slots:
-            for d in s.own:
-                d.close()
-            s.own.clear()
+        if self.drafts is not None:
+            self.batcher.phase = None
+            self.drafts.ctx.close()
+            self.drafts = None
