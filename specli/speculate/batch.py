@@ -3,20 +3,23 @@
 The target's context holds N sequences (slots). Each request runs the ordinary decoding loop
 (:func:`specli.speculate.loop.generate`) on its own thread, on its slot's
 :class:`~specli.engine.SeqContext`, with the slot's own drafter (lookup index, controller,
-draft-model context) and its own :class:`~specli.speculate.verify.Sampler` (its seed's noise).
+its sequence of the draft model's context, whose passes are batched the same way) and its
+own :class:`~specli.speculate.verify.Sampler` (its seed's noise).
 Every decode a request asks for goes to the :class:`Batcher`, which waits until every active
 request has asked (its next token plus its draft block, or a chunk of its prompt) and runs
 them as ONE llama_decode.
 Each request therefore sees exactly the logits it would see alone (up to the float rounding
 of another batch shape), and its output is what it gets served alone.
 
-Draft lengths are chosen for the whole batch (:func:`allocate`): from the calibrated verify
-curve (the cost of a pass over n tokens) and each request's acceptance estimates, draft
-tokens are handed out one at a time to the request whose next token buys the most expected
-tokens per second of batch time, while that beats the batch's rate so far. With one busy slot
-each request drafts as it does alone; with many, the batch already yields a token per slot,
-so only likely tokens are worth their rows. Each request's own controller then drafts at most
-that many.
+Draft lengths are chosen for the whole batch (:func:`allocate`): from the cost of a pass
+over n tokens (as measured lately, else the calibrated verify curve at the measured speed),
+the draft model's measured pass (batch time: every member waits for it) and each request's
+acceptance estimates, draft tokens are handed out one at a time to the request whose next
+token buys the most expected tokens per second of batch time, while that beats the batch's
+rate so far. With one busy slot each request drafts as it does alone; with many, the batch
+already yields a token per slot, so only likely tokens are worth their rows, and a draft
+model drafts only where its passes pay (:meth:`Batch.plan`). Each request's own controller
+then drafts at most that many.
 """
 
 from __future__ import annotations
