@@ -12,7 +12,7 @@ Each request therefore sees exactly the logits it would see alone (up to the flo
 of another batch shape), and its output is what it gets served alone.
 
 Draft lengths are chosen for the whole batch (:func:`allocate`): from the cost of a pass
-over n tokens (as measured lately, else the calibrated verify curve at the measured speed),
+over n tokens (a line through the passes measured lately, its slope the calibrated curve's),
 the draft model's measured pass (batch time: every member waits for it) and each request's
 acceptance estimates, draft tokens are handed out one at a time to the request whose next
 token buys the most expected tokens per second of batch time, while that beats the batch's
@@ -45,7 +45,8 @@ from specli.speculate.verify import SamplingParams
 from specli.tokens import common_prefix
 
 PREFILL_CHUNK = 256  # the most prompt tokens one request puts in a step
-SMOOTHING = 0.1  # of the measured speed of the batch's passes and of a draft model's pass
+SMOOTHING = 0.1  # of the measured time of the batch's passes and of a draft model's pass
+MIN_ROW = 0.01  # the least a row adds to a batch pass, as a part of a one-row pass
 
 
 @dataclass
@@ -83,9 +84,7 @@ class Batcher:
         self.shared = 0  # decodes that held two sequences or more
         self.max_seqs = 0  # the most sequences one decode held
         self.share: dict[int, float] = {}  # per sequence: its part of the last decode's time (by rows)
-        self.curve: list[float] | None = None  # the calibrated verify curve, when the batch prices drafts
-        self.speed = 1.0  # measured / calibrated time of the steps' decodes, lately (the first sets it)
-        self._timed = False
+        self.timed_rows = 0  # decodes of at most this many rows are timed (the batch's steps: it prices drafts)
         self.measured: dict[int, float] = {}  # rows -> seconds a decode of that many took, lately
 
     def join(self) -> None:
@@ -172,13 +171,9 @@ class Batcher:
             return
         dt = time.perf_counter() - t0
         n = sum(len(it.tokens) for it in group)
-        if self.curve is not None and n <= len(self.curve):  # a step's size, on the calibrated curve
+        if n <= self.timed_rows:
             old = self.measured.get(n)
             self.measured[n] = dt if old is None else old + SMOOTHING * (dt - old)
-            if self.curve[n - 1] > 0:
-                r = dt / self.curve[n - 1]
-                self.speed = self.speed + SMOOTHING * (r - self.speed) if self._timed else r
-                self._timed = True
         for it, rows in zip(group, out, strict=True):
             it.rows = rows
             self.share[it.seq] = dt * len(it.tokens) / n
@@ -229,9 +224,10 @@ def allocate(requests: Sequence[Estimate], verify: Sequence[float]) -> list[int]
     added one at a time where the next one adds the most expected tokens per second it adds,
     while that beats the step's rate so far (a token the batch's own rate pays better is not
     drafted). The draft model drafts every slot's i-th token in one pass: a token at a
-    depth another request's model draft already reaches costs no pass of its own (its first
-    still its catch-up beyond one token). One request alone drafts up to its cap: its own
-    controller prices its draft as it does serving alone."""
+    depth another request's model draft already reaches costs a row of that pass (as a row
+    of the target's, relatively), not a pass (its first still its catch-up beyond one
+    token). One request alone drafts up to its cap: its own controller prices its draft as
+    it does serving alone."""
     if len(requests) <= 1:
         return [r.cap for r in requests]
 
@@ -243,10 +239,13 @@ def allocate(requests: Sequence[Estimate], verify: Sequence[float]) -> list[int]
     rows = len(requests)
     tokens, seconds = float(rows), cost(rows)
 
+    row = max(MIN_ROW, verify[1] / verify[0] - 1.0) if len(verify) > 1 and verify[0] > 0 else MIN_ROW
+
     def draft_cost(i: int) -> float:
-        r = requests[i]
-        shared = any(k[j] > k[i] and requests[j].draft_token > 0 for j in range(len(requests)) if j != i)
-        return _draft_cost(r, k[i]) - (r.draft_token if shared else 0.0)
+        r, c = requests[i], _draft_cost(requests[i], k[i])
+        if any(k[j] > k[i] and requests[j].draft_token > 0 for j in range(len(requests)) if j != i):
+            c = max(0.0, c - r.draft_token) + row * r.draft_token  # its row in a pass another slot pays
+        return c
 
     while True:
         best, best_i = 0.0, -1
@@ -319,9 +318,9 @@ class BatchDrafter(Drafter):
         a = ctl.acceptance(src)
         dt = self.pass_time
         if dt is None:  # calibrated with the verify curve, at the batch's measured speed since
-            dt = ctl.cost.draft_calibrated * self.batch.batcher.speed
+            dt = ctl.cost.draft_calibrated * self.batch.speed()
         behind = max(1, self.model.behind(context))
-        return Estimate(a.alpha_first, a.alpha_rest, dt, cap, dt * ctl.batch_ratio(behind))
+        return Estimate(a.alpha_first, a.alpha_rest, dt, cap, dt * block_ratio(self.batch.verify_curve(), behind))
 
     # -- a step --------------------------------------------------------------------------
     def propose(self, context: Sequence[int], max_len: int) -> Draft:
@@ -424,7 +423,7 @@ class Batch:
         self.draft_max = session.opts.spec.draft_max
         self.batcher = Batcher(ctx)
         if self.mode.adaptive and self.mode.kind is not DraftKind.NONE:
-            self.batcher.curve = session.verify_costs()  # calibrated on sequence 0 before any slot holds it
+            self.batcher.timed_rows = len(session.verify_costs())  # calibrated on sequence 0 before any slot holds it
         ctx.clear()
         self._lock = threading.Lock()
         self.chunk = chunk
@@ -518,16 +517,22 @@ class Batch:
         return allocate([look, *ests], verify)[0], False
 
     def verify_curve(self) -> list[float]:
-        """The price of a batch pass by its rows (``[n - 1]``: n rows): what passes of that
-        size have taken lately, else the calibrated curve at the speed the batch's passes have
-        run at lately; never cheaper for more rows (a noisy calibration must not make a row
-        look free)."""
-        b = self.batcher
-        out, hi = [], 0.0
-        for n, cal in enumerate(self.session.verify_costs(), 1):
-            hi = max(hi, b.measured.get(n, cal * b.speed))
-            out.append(hi)
-        return out
+        """The price of a batch pass by its rows (``[n - 1]``: n rows): a line whose slope per
+        row is the calibrated curve's (at least ``MIN_ROW`` of a pass: a noisy calibration
+        must not make a row look free), through what the steps' passes have taken lately (the
+        calibrated one-row pass until one has been timed)."""
+        cal = self.session.verify_costs()
+        slope = MIN_ROW
+        if cal[0] > 0:
+            slope = max(MIN_ROW, (cal[-1] / cal[0] - 1.0) / (len(cal) - 1))
+        seen = self.batcher.measured
+        v0 = sum(t / (1.0 + slope * (n - 1)) for n, t in seen.items()) / len(seen) if seen else cal[0]
+        return [v0 * (1.0 + slope * i) for i in range(len(cal))]
+
+    def speed(self) -> float:
+        """Measured / calibrated time of a pass of one row (1.0 before any step was timed)."""
+        cal = self.session.verify_costs()[0]
+        return self.verify_curve()[0] / cal if cal > 0 else 1.0
 
     # -- generation ----------------------------------------------------------------------
     def generate(self, slot: Slot, prompt: Sequence[int], params: SamplingParams, max_tokens: int,
