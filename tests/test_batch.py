@@ -144,17 +144,6 @@ def test_a_draft_model_pass_is_priced_at_its_wall_time_and_catch_up():
     assert allocate([Estimate(0.8, 0.8, 0.0, 16)] * 4, verify)[0] > 0
 
 
-def test_a_draft_model_pass_is_shared_by_every_slot_drafting_at_that_depth():
-    """The slots' draft models run each pass as one decode: a token at a depth another slot's
-    model draft already reaches costs a row of that pass, not a pass."""
-    verify = [0.100 * (1 + 0.05 * k) for k in range(17)]
-    sure, unsure = Estimate(0.95, 0.95, 0.030, 16), Estimate(0.5, 0.5, 0.030, 16)
-    useless = Estimate(0.0, 0.0, 0.0, 16)
-    assert allocate([unsure, useless], verify) == [0, 0]  # its own passes: too dear
-    assert allocate([sure, useless], verify) == [4, 0]
-    assert allocate([sure, unsure], verify)[1] > 0  # riding the sure one's passes, it drafts
-
-
 @pytest.mark.parametrize("pass_s,model", [(10.0, False), (1e-6, True)])
 def test_a_slot_whose_draft_model_cannot_pay_drafts_no_model_pass(tiny_target, tiny_draft, pass_s, model):
     """Two busy slots; one's draft model measured at ``pass_s`` a pass: too dear, the batch

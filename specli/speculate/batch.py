@@ -223,11 +223,11 @@ def allocate(requests: Sequence[Estimate], verify: Sequence[float]) -> list[int]
     and yields one token per request plus the expected accepted drafts. Draft tokens are
     added one at a time where the next one adds the most expected tokens per second it adds,
     while that beats the step's rate so far (a token the batch's own rate pays better is not
-    drafted). The draft model drafts every slot's i-th token in one pass: a token at a
-    depth another request's model draft already reaches costs a row of that pass (as a row
-    of the target's, relatively), not a pass (its first still its catch-up beyond one
-    token). One request alone drafts up to its cap: its own controller prices its draft as
-    it does serving alone."""
+    drafted). Each request's draft-model token is charged a whole pass, though the slots
+    drafting at once share their passes: a draft model's acceptance and cost are known
+    least well when it has not drafted lately, and a pass the batch does not need stalls
+    every slot. One request alone drafts up to its cap: its own controller prices its
+    draft as it does serving alone."""
     if len(requests) <= 1:
         return [r.cap for r in requests]
 
@@ -239,14 +239,6 @@ def allocate(requests: Sequence[Estimate], verify: Sequence[float]) -> list[int]
     rows = len(requests)
     tokens, seconds = float(rows), cost(rows)
 
-    row = max(MIN_ROW, verify[1] / verify[0] - 1.0) if len(verify) > 1 and verify[0] > 0 else MIN_ROW
-
-    def draft_cost(i: int) -> float:
-        r, c = requests[i], _draft_cost(requests[i], k[i])
-        if any(k[j] > k[i] and requests[j].draft_token > 0 for j in range(len(requests)) if j != i):
-            c = max(0.0, c - r.draft_token) + row * r.draft_token  # its row in a pass another slot pays
-        return c
-
     while True:
         best, best_i = 0.0, -1
         extra = cost(rows + 1) - cost(rows)
@@ -254,7 +246,7 @@ def allocate(requests: Sequence[Estimate], verify: Sequence[float]) -> list[int]
             if k[i] >= r.cap:
                 continue
             gain = p[i] * (r.first if k[i] == 0 else r.rest)
-            score = gain / max(extra + draft_cost(i), 1e-12)
+            score = gain / max(extra + _draft_cost(r, k[i]), 1e-12)
             if score > best:
                 best, best_i = score, i
         if best_i < 0 or best * seconds <= tokens:
@@ -262,7 +254,7 @@ def allocate(requests: Sequence[Estimate], verify: Sequence[float]) -> list[int]
         r = requests[best_i]
         p[best_i] *= r.first if k[best_i] == 0 else r.rest
         tokens += p[best_i]
-        seconds += extra + draft_cost(best_i)
+        seconds += extra + _draft_cost(r, k[best_i])
         k[best_i] += 1
         rows += 1
 
@@ -320,7 +312,8 @@ class BatchDrafter(Drafter):
         if dt is None:  # calibrated with the verify curve, at the batch's measured speed since
             dt = ctl.cost.draft_calibrated * self.batch.speed()
         behind = max(1, self.model.behind(context))
-        return Estimate(a.alpha_first, a.alpha_rest, dt, cap, dt * block_ratio(self.batch.verify_curve(), behind))
+        # its first token's acceptance as lookup's is judged: lowered by its estimate's spread
+        return Estimate(a.cautious_first(), a.alpha_rest, dt, cap, dt * block_ratio(self.batch.verify_curve(), behind))
 
     # -- a step --------------------------------------------------------------------------
     def propose(self, context: Sequence[int], max_len: int) -> Draft:
