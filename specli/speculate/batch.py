@@ -510,15 +510,22 @@ class Batch:
         return allocate([look, *ests], verify)[0], False
 
     def verify_curve(self) -> list[float]:
-        """The price of a batch pass by its rows (``[n - 1]``: n rows): a line whose slope per
-        row is the calibrated curve's (at least ``MIN_ROW`` of a pass: a noisy calibration
-        must not make a row look free), through what the steps' passes have taken lately (the
-        calibrated one-row pass until one has been timed)."""
+        """The price of a batch pass by its rows (``[n - 1]``: n rows): the line through what
+        the steps' passes have taken lately, once passes of three sizes or more have been
+        timed; until then a line whose slope is the calibrated curve's, through the passes
+        timed (the calibrated one-row pass before any). A row adds at least ``MIN_ROW`` of a
+        pass (a noisy calibration or timing must not make a row look free)."""
         cal = self.session.verify_costs()
-        slope = MIN_ROW
-        if cal[0] > 0:
-            slope = max(MIN_ROW, (cal[-1] / cal[0] - 1.0) / (len(cal) - 1))
-        seen = self.batcher.measured
+        seen = dict(self.batcher.measured)
+        if len(seen) >= 3 and max(seen) - min(seen) >= 2:  # sizes enough apart: the passes' own line
+            n_bar, t_bar = sum(seen) / len(seen), sum(seen.values()) / len(seen)
+            b = sum((n - n_bar) * (t - t_bar) for n, t in seen.items()) / sum((n - n_bar) ** 2 for n in seen)
+            a = t_bar - b * n_bar  # seconds of a pass of n rows: a + b n
+            v1 = a + b
+            if v1 > 0:
+                slope = max(MIN_ROW, b / v1)
+                return [v1 * (1.0 + slope * i) for i in range(len(cal))]
+        slope = max(MIN_ROW, (cal[-1] / cal[0] - 1.0) / (len(cal) - 1)) if cal[0] > 0 else MIN_ROW
         v0 = sum(t / (1.0 + slope * (n - 1)) for n, t in seen.items()) / len(seen) if seen else cal[0]
         return [v0 * (1.0 + slope * i) for i in range(len(cal))]
 
