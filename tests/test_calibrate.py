@@ -16,7 +16,8 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "specli" / "calibration.json"
 
 
-def test_verify_costs_are_cached(cache, tiny_target):
+def test_verify_costs_are_cached(cache, tiny_target, monkeypatch):
+    monkeypatch.setattr(calibrate, "steady", lambda timings: True)  # however busy the machine is
     m = Model(tiny_target)
     ctx = Context(m, ContextConfig(n_ctx=512, n_threads=2))
     calls = ctx.n_decode_calls
@@ -37,6 +38,19 @@ def test_verify_costs_are_cached(cache, tiny_target):
     before = list(ctx.tokens)
     calibrate.verify_costs(ctx, 8, use_cache=False)
     assert ctx.tokens == before
+
+
+def test_a_calibration_timed_on_a_busy_machine_is_not_cached(cache, tiny_target, monkeypatch):
+    assert calibrate.steady([[1.0, 1.2, 1.1], [2.0, 2.9]]) and not calibrate.steady([[1.0, 1.2], [2.0, 3.1]])
+    monkeypatch.setattr(calibrate, "steady", lambda timings: False)
+    m = Model(tiny_target)
+    ctx = Context(m, ContextConfig(n_ctx=512, n_threads=2))
+    costs = calibrate.verify_costs(ctx, 8)
+    assert len(costs) == 9 and costs == sorted(costs)  # never a bigger block priced below a smaller one
+    assert not cache.exists() or not any(k.startswith("verify:") for k in json.loads(cache.read_text()))
+    calls = ctx.n_decode_calls
+    calibrate.verify_costs(ctx, 8)
+    assert ctx.n_decode_calls > calls  # the next run measures again
 
 
 def test_interpolation_between_measured_points():

@@ -4,6 +4,7 @@ per model + backend + threads, cached so the next run starts calibrated."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import statistics
@@ -144,12 +145,24 @@ def verify_costs(ctx: Context, k_max: int, reps: int = 3, use_cache: bool = True
             ctx.eval(_block(ctx, k + 1), "all")
             ts.append(time.perf_counter() - t)
             ctx.rollback(len(prefix))
-    costs = interpolate({k: statistics.median(ts) for k, ts in times.items()}, k_max)
+    # a bigger block is never priced below a smaller one (timing noise can say so)
+    costs = list(itertools.accumulate(interpolate({k: statistics.median(ts) for k, ts in times.items()}, k_max), max))
     ctx.clear()
     if saved:
         ctx.eval(saved, "none")
-    _store(key, costs)
+    if steady(times.values()):
+        _store(key, costs)
     return costs
+
+
+NOISY = 1.5  # timings of one block size this far apart: the machine was busy while it calibrated
+
+
+def steady(timings) -> bool:
+    """Were the repeated timings of each size close (within ``NOISY`` of each other)? A
+    calibration taken while something else held the cores is used for this run only, never
+    cached: the next run measures again."""
+    return all(max(ts) <= NOISY * min(ts) for ts in timings if ts)
 
 
 def cached_cost(kind: str, ctx: Context, measure: Callable[[], float], use_cache: bool = True) -> float:
