@@ -34,6 +34,22 @@ CATCH_UP_PRICED = 2
 HANDOVER_MATCH = 4
 
 
+def paying_run(p_all: float, k: int, n_max: int, first: float, rest: float, per: float, verify: list[float],
+               rate: float) -> tuple[int, float]:
+    """How many of up to ``n_max`` further tokens, after ``k`` drafted ones that all pass with
+    chance ``p_all``, are worth drafting: each is kept while it pays (:func:`marginal_token_pays`)
+    at acceptance ``first`` (the first of them), then ``rest``, each costing ``per`` seconds to
+    draft, against the step's ``rate``; and what they net at that rate."""
+    p, n, net = p_all, 0, 0.0
+    while n < n_max:
+        p *= first if n == 0 else rest
+        if not marginal_token_pays(p, k + n, verify, per, rate):
+            break
+        net += p - rate * (verify[k + n + 1] - verify[k + n] + per)
+        n += 1
+    return n, net
+
+
 def confidence_bin(p: float) -> int:
     for i, edge in enumerate(CONFIDENCE_BINS):
         if p < edge:
@@ -159,19 +175,10 @@ class AdaptiveDrafter(Drafter):
         model's (a pass a token); the copy is taken when it nets more at the step's rate."""
         ctl = self.ctl
         look, mod = ctl.acceptance(copy.source), ctl.acceptance(self.msource)
-
-        def run(n_max: int, first: float, rest: float, per: float) -> tuple[int, float]:
-            p, n, net = p_all, 0, 0.0
-            while n < n_max:
-                p *= first if n == 0 else rest
-                if not marginal_token_pays(p, k + n, ctl.cost.verify, per, rate):
-                    break
-                net += p - rate * (ctl.cost.verify[k + n + 1] - ctl.cost.verify[k + n] + per)
-                n += 1
-            return n, net
-
-        n, net = run(len(copy.tokens), look.alpha_first, look.alpha_rest, 0.0)
-        if n and net >= run(room, mod.alpha_rest, mod.alpha_rest, ctl.draft_costs(self.msource)[0])[1]:
+        v = ctl.cost.verify
+        n, net = paying_run(p_all, k, len(copy.tokens), look.alpha_first, look.alpha_rest, 0.0, v, rate)
+        if n and net >= paying_run(p_all, k, room, mod.alpha_rest, mod.alpha_rest, ctl.draft_costs(self.msource)[0],
+                                   v, rate)[1]:
             return copy.tokens[:n]
         return []
 
@@ -197,14 +204,9 @@ class AdaptiveDrafter(Drafter):
         if not found.tokens:
             return []
         a, v = self.ctl.acceptance(found.source), self.ctl.cost.verify
-        k0 = len(head)
-        rate = (k0 + 1) / v[min(k0, len(v) - 1)]
-        p, n = 1.0, 0
-        while n < len(found.tokens):
-            p *= a.cautious_first() if n == 0 else a.alpha_rest
-            if not marginal_token_pays(p, k0 + n, v, 0.0, rate):
-                break
-            n += 1
+        k = len(head)
+        n, _ = paying_run(1.0, k, len(found.tokens), a.cautious_first(), a.alpha_rest, 0.0, v,
+                          (k + 1) / v[min(k, len(v) - 1)])
         return found.tokens[:n]
 
     def observe_forced(self, draft: Draft, n_forced: int, n_accepted: int, emitted: list[int],
