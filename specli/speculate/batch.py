@@ -299,21 +299,22 @@ class BatchDrafter(Drafter):
         a = self.inner.ctl.sources.get(self.look) or prior(self.look)
         return Estimate(a.cautious_first(), a.alpha_rest, 0.0, cap)
 
-    def model_estimate(self, context: Sequence[int], cap: int) -> Estimate | None:
+    def model_estimate(self, context: Sequence[int], cap: int, verify: list[float]) -> Estimate | None:
         """Its next draft from the draft model (None: it has none): each pass at its measured
         wall time, the first one the catch-up over all the model's cache lacks (the prompt
         too, before its first draft: no outlay spread over drafts to come, the whole batch
-        waits it out now)."""
+        waits it out now), priced on the batch's pass curve ``verify``."""
         if self.model is None:
             return None
         ctl, src = self.inner.ctl, self.inner.msource
         a = ctl.acceptance(src)
         dt = self.pass_time
         if dt is None:  # calibrated with the verify curve, at the batch's measured speed since
-            dt = ctl.cost.draft_calibrated * self.batch.speed()
+            cal = self.batch.session.verify_costs()[0]
+            dt = ctl.cost.draft_calibrated * (verify[0] / cal if cal > 0 else 1.0)
         behind = max(1, self.model.behind(context))
         # its first token's acceptance as lookup's is judged: lowered by its estimate's spread
-        return Estimate(a.cautious_first(), a.alpha_rest, dt, cap, dt * block_ratio(self.batch.verify_curve(), behind))
+        return Estimate(a.cautious_first(), a.alpha_rest, dt, cap, dt * block_ratio(verify, behind))
 
     # -- a step --------------------------------------------------------------------------
     def propose(self, context: Sequence[int], max_len: int) -> Draft:
@@ -500,7 +501,7 @@ class Batch:
         verify = self.verify_curve()
         ests = [o.est or o.free_estimate(self.draft_max) for o in others]
         look = d.free_estimate(max_len)
-        model = None if free else d.model_estimate(context, max_len)
+        model = None if free else d.model_estimate(context, max_len, verify)
         if model is not None:
             k = allocate([model, *ests], verify)[0]
             if k > 0:
@@ -528,11 +529,6 @@ class Batch:
         slope = max(MIN_ROW, (cal[-1] / cal[0] - 1.0) / (len(cal) - 1)) if cal[0] > 0 else MIN_ROW
         v0 = sum(t / (1.0 + slope * (n - 1)) for n, t in seen.items()) / len(seen) if seen else cal[0]
         return [v0 * (1.0 + slope * i) for i in range(len(cal))]
-
-    def speed(self) -> float:
-        """Measured / calibrated time of a pass of one row (1.0 before any step was timed)."""
-        cal = self.session.verify_costs()[0]
-        return self.verify_curve()[0] / cal if cal > 0 else 1.0
 
     # -- generation ----------------------------------------------------------------------
     def generate(self, slot: Slot, prompt: Sequence[int], params: SamplingParams, max_tokens: int,
