@@ -189,8 +189,8 @@ class ContextConfig:
     # hybrid/recurrent models: recurrent-state snapshots kept for rollback (the most tokens
     # one rollback may drop; 0: checkpoints only)
     n_rs_seq: int = 0
-    # sequences (slots) in the context, each of n_ctx tokens (llama.cpp's n_seq_max, KV not
-    # unified: n_ctx_seq = n_ctx); their views are SeqContext
+    # sequences (slots) in the context, each of n_ctx tokens (llama.cpp's n_seq_max; they
+    # share one unified cache of n_ctx * n_seq cells); their views are SeqContext
     n_seq: int = 1
 
 
@@ -221,7 +221,10 @@ class Context:
         cp.n_batch = min(cfg.n_batch, n_ctx * n_seq)
         cp.n_ubatch = min(cfg.n_batch, n_ctx * n_seq)
         cp.n_seq_max = n_seq
-        cp.kv_unified = False  # each sequence its own cells: n_ctx_seq = n_ctx / n_seq_max
+        # the sequences share one cache of n_ctx * n_seq cells (each kept to n_ctx tokens here):
+        # a batch whose sequences hold different numbers of tokens is then one pass; with a
+        # cache per sequence llama.cpp splits it into passes of as many tokens per sequence
+        cp.kv_unified = True
         threads = cfg.n_threads or max(1, os.cpu_count() or 1)
         cp.n_threads = threads
         cp.n_threads_batch = threads

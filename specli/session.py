@@ -320,8 +320,9 @@ class Session:
         self.head_model: Model | None = None  # a drafting head (MTP-only, EAGLE-3, DFlash), loaded on first use
         self._paid: dict[DraftKind, PaidDrafter] = {}  # the draft model's and the MTP layers' drafters, shared
         self._verify_costs: list[float] | None = None
-        # bench makes its own drafters, one per mode and run
-        self.drafter = self.drafter_for(self.draft.mode) if build_drafter else NoDrafter()
+        # bench makes its own drafters, one per mode and run; serve --parallel's slots theirs
+        # (specli.speculate.batch: the draft model's cache is then the batch's, one sequence a slot)
+        self.drafter = self.drafter_for(self.draft.mode) if build_drafter and opts.parallel <= 1 else NoDrafter()
 
     @property
     def draft_path(self) -> str | None:

@@ -3,14 +3,17 @@ cache, each request's output equals what it gets served alone, greedy and sample
 attention, hybrid and recurrent targets; the batch really holds several sequences per
 llama_decode; and the draft lengths shrink as the batch fills."""
 
+from dataclasses import replace
+
 import pytest
 from conftest import TEST_CACHE
 from tiny2026 import tiny_2026_model
 
+from specli.engine import Context, ContextConfig, ContextFull, Model, SeqContext
 from specli.session import Options, Session
-from specli.speculate.batch import Batch, Estimate, allocate
-from specli.speculate.controller import block_ratio
-from specli.speculate.drafters import ModelDrafter
+from specli.speculate.batch import MODEL_SHARE, NOTHING, Batch, Estimate, allocate
+from specli.speculate.drafters import Draft, ModelDrafter
+from specli.speculate.registry import DraftKind
 from specli.speculate.settings import SpecSettings
 from specli.speculate.verify import SamplingParams
 
@@ -116,32 +119,57 @@ def test_hybrid_and_recurrent_targets_batch_each_sequence_its_own_state(smol_ggu
 
 
 def test_the_batch_drafts_less_as_it_fills():
-    verify = [0.010 * (1 + 0.05 * k) for k in range(17)]  # a pass over 17 tokens costs 1.8x one
+    passes = [0.010 * (1 + 0.05 * k) for k in range(136)]  # a pass over n rows: each row 5 % of one
     sure = Estimate(0.9, 0.9, 0.0, 16)
     unsure = Estimate(0.4, 0.6, 0.0, 16)
-    assert allocate([sure], verify) == [16]  # alone: its own controller decides, up to its cap
-    two, eight = allocate([sure, sure], verify), allocate([sure] * 8, verify)
+    assert allocate([sure], passes)[0] == [16]  # alone: its own controller decides, up to its cap
+    two, eight = allocate([sure, sure], passes)[0], allocate([sure] * 8, passes)[0]
     assert sum(two) > 0 and max(eight) < max(two)
-    mixed = allocate([sure, unsure, sure, unsure], verify)
+    mixed = allocate([sure, unsure, sure, unsure], passes)[0]
     assert mixed[0] > mixed[1] and mixed[2] > mixed[3]
     # a paid draft token (a draft model's pass) is dearer: fewer of them
-    paid = allocate([Estimate(0.9, 0.9, 0.004, 16)] * 4, verify)
-    assert sum(paid) < sum(allocate([sure] * 4, verify))
+    paid = allocate([Estimate(0.9, 0.9, 0.004, 16)] * 4, passes)[0]
+    assert sum(paid) < sum(allocate([sure] * 4, passes)[0])
+    assert allocate([NOTHING] * 4, passes) == ([0] * 4, 4 / passes[3])  # nothing to draft: the plain batch
+
+
+def test_tokens_that_fill_a_tile_already_paid_for_are_drafted_though_one_alone_would_not_pay():
+    """A CPU prices a pass in tiles of rows: 5 to 8 rows cost about what 5 do. One unsure draft
+    token alone does not pay for the step up from 4 rows; four of them, filling the tile, do
+    (a rule that adds a token only while the next one pays alone never starts)."""
+    passes = [0.20] * 4 + [0.26] * 4 + [0.50] * 8
+    unsure = Estimate(0.35, 0.5, 0.0, 1)
+    assert allocate([unsure, NOTHING, NOTHING, NOTHING], passes)[0] == [0, 0, 0, 0]
+    ks, rate = allocate([unsure] * 4, passes)
+    assert ks == [1, 1, 1, 1] and rate == pytest.approx((4 + 4 * 0.35) / 0.26)
+    # past the tile: 9 rows cost 0.50, which these tokens cannot pay
+    assert sum(allocate([replace(unsure, cap=4)] * 4, passes)[0]) == 4
+
+
+def test_slots_drafting_with_the_draft_model_at_once_share_its_passes():
+    """One slot's draft-model token costs a whole pass (half a target pass here) and does not
+    pay; four slots drafting at once share the passes (one decode each over their rows), and
+    do."""
+    passes = [0.10] * 32  # the target's pass: flat up to 32 rows (a GPU)
+    model = Estimate(0.7, 0.8, 0.05, 8)
+    assert allocate([model, NOTHING, NOTHING, NOTHING], passes)[0] == [0, 0, 0, 0]
+    ks, rate = allocate([model] * 4, passes)
+    assert min(ks) > 0 and rate > 4 / 0.10
 
 
 def test_a_draft_model_pass_is_priced_at_its_wall_time_and_catch_up():
     """A draft model's passes stall every member of the batch: priced with its catch-up over
     what its cache lacks, a draft that would pay at a pass's cost alone gets nothing."""
-    verify = [0.100 * (1 + 0.05 * k) for k in range(17)]
+    passes = [0.100 * (1 + 0.05 * k) for k in range(68)]
     pass_s = 0.010  # a draft-model pass: a tenth of a target pass
     cheap = Estimate(0.8, 0.8, pass_s, 16)  # caught up: its first token is one pass
-    assert allocate([cheap] * 4, verify)[0] > 0
-    behind = Estimate(0.8, 0.8, pass_s, 16, draft_first=pass_s * block_ratio(verify, 300))  # the prompt first
-    assert allocate([behind, cheap, cheap, cheap], verify)[0] == 0
-    dear = Estimate(0.8, 0.8, 0.040, 16)  # a pass that costs 40 % of a target pass
-    assert allocate([dear] * 4, verify) == [0, 0, 0, 0]
+    assert allocate([cheap] * 4, passes)[0][0] > 0
+    behind = Estimate(0.8, 0.8, pass_s, 16, behind=300)  # the prompt first
+    assert allocate([behind, NOTHING, NOTHING, NOTHING], passes)[0][0] == 0
+    dear = Estimate(0.8, 0.8, 0.100, 16)  # a pass as dear as a target pass, shared or not
+    assert allocate([dear] * 4, passes)[0] == [0, 0, 0, 0]
     # a free draft of the same acceptance still pays
-    assert allocate([Estimate(0.8, 0.8, 0.0, 16)] * 4, verify)[0] > 0
+    assert allocate([Estimate(0.8, 0.8, 0.0, 16)] * 4, passes)[0][0] > 0
 
 
 @pytest.mark.parametrize("pass_s,model", [(10.0, False), (1e-6, True)])
@@ -158,11 +186,10 @@ def test_a_slot_whose_draft_model_cannot_pay_drafts_no_model_pass(tiny_target, t
     a.drafter.inner.ctl.cost.draft_token = 1e-6  # alone, its own controller would draft with it
     a.drafter.begin([], None)
     a.drafter.inner.ctl.acceptance(a.drafter.inner.msource).f_ok = 1.9  # its drafts have been good (0.95)
-    for n in range(1, 18):
-        batch.batcher.measured[n] = 0.05 * (1 + 0.05 * (n - 1))  # passes of n rows took this lately
     context = two.target.tokenize("1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3,")
-    k, model_ok = batch.plan(a, context, 8)
-    assert model_ok is model
+    look = a.drafter.inner.lookup_proposal(context, 8)
+    k, who = batch.plan(a, context, 8, look)
+    assert (who == MODEL_SHARE) is model
     drafter_ctx = a.drafter.model.ctx
     calls = drafter_ctx.n_decode_calls
     d = a.drafter.propose(context, 8)
@@ -171,6 +198,38 @@ def test_a_slot_whose_draft_model_cannot_pay_drafts_no_model_pass(tiny_target, t
     else:
         assert drafter_ctx.n_decode_calls == calls and d.source.kind in ("lookup", "none")
         assert len(d.tokens) <= k
+    batch.close()
+    two.close()
+
+
+def test_a_slot_drafts_lookups_copy_at_the_batchs_length_and_learns_from_copies_it_did_not_draft(
+        tiny_target, tiny_draft):
+    """In a batch a slot drafts prompt lookup's copy as far as the allocation gives it, priced
+    at the acceptance of its match's bucket. A copy it does not draft is still scored against
+    what the target emits, so a bucket that starts pessimistic learns to draft (before, a slot
+    that never drafted never learned, and a batch drafted nothing)."""
+    two = session(tiny_target, "lookup", 2, draft_max=8)
+    batch = Batch(two)
+    a, b = batch.slots
+    a.busy = b.busy = True
+    ctl = a.drafter.inner.ctl
+    context = two.target.tokenize("1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3,")
+    batch._curve = [0.10, 0.18, 0.19, 0.20] + [1.0] * 14  # rows 2-4 cost about the same; 5 and up, 5x
+    look = a.drafter.inner.lookup_proposal(context, 8)
+    assert len(look.tokens) >= 4
+    acc = ctl.acceptance(look.source)
+    acc.f_ok, acc.f_n = 0.0, 6.0  # its first tokens have failed: the step's plain rate is better
+    assert a.drafter.propose(context, 8).tokens == []
+    n_before = acc.f_n
+    emitted = look.tokens[:1]
+    a.drafter.observe(Draft([]), 0, emitted, 0.0, 0.1)
+    assert acc.f_n > n_before * acc.decay  # scored on the copy it did not draft
+    for _ in range(30):  # the copy keeps coming true: its bucket learns, and the slot drafts it
+        a.drafter.propose(context, 8)
+        a.drafter.observe(Draft([]), 0, look.tokens[:3], 0.0, 0.1)
+    d = a.drafter.propose(context, 8)
+    k = len(d.tokens)
+    assert 0 < k <= 2 and d.tokens == look.tokens[:k] and d.source == look.source  # 2 + k rows: within the tile
     batch.close()
     two.close()
 
@@ -205,6 +264,29 @@ def test_the_slots_draft_models_run_as_one_batch_each_drafting_what_it_drafts_al
     st = batch.stats()["draft"]
     passes = sum(len(d) + 1 for _, d in drafts)  # a catch-up pass and a pass per drafted token
     assert st["max_sequences"] == 3 and st["decodes"] < passes  # the slots' passes went together
+    # the draft model's only cache is the batch's, a sequence a slot (the memory plan counts
+    # n_ctx x 3 draft tokens): the session's own drafter never made one
+    assert three.drafter.name == "none" and three.paid(DraftKind.MODEL)._ctx is None
+    assert batch.drafts.ctx.n_seq == 3
     batch.close()
     one.close()
     three.close()
+
+
+def test_the_slots_share_one_cache_that_holds_every_slot_full_at_once(tiny_target):
+    """The sequences share one KV cache (unified, so that llama.cpp runs a batch whose
+    sequences hold different numbers of tokens as one pass), each kept to n_ctx tokens:
+    uneven blocks of every sequence go in one decode, every slot may be full at once, and
+    none may take another's room."""
+    ctx = Context(Model(tiny_target), ContextConfig(n_ctx=64, n_threads=2, n_seq=4))
+    slots = [SeqContext(ctx, s, None, 64) for s in range(4)]
+    toks = ctx.model.tokenize("one two three four five six seven eight nine ten " * 8, add_special=False)
+    pos = [0] * 4
+    for blocks in ([40, 3, 1, 17], [24, 61, 63, 47]):  # uneven blocks, every sequence in one decode
+        ctx.decode_seqs([(s, toks[:n], pos[s], [True] * n) for s, n in enumerate(blocks)])
+        pos = [p + n for p, n in zip(pos, blocks, strict=True)]
+    assert pos == [64] * 4
+    slots[0].tokens = toks[:64]
+    with pytest.raises(ContextFull):
+        slots[0].eval(toks[:1])
+    ctx.close()

@@ -101,3 +101,50 @@ def test_a_run_slower_than_plain_says_so(cache, tiny_target):
     assert sess.slower_than_plain(st).startswith("note: speculation ran at 0.50x the measured plain speed")
     assert sess.slower_than_plain(Stats(generated=100, t_generate=0.1)) is None
     sess.close()
+
+
+def test_the_batch_curve_prices_a_pass_as_the_next_size_timed_and_is_cached(cache, tiny_target, monkeypatch):
+    """A batch pass over n rows: the sizes timed (every one to 8, 12, 16, multiples of 16, the
+    most) priced as measured, a size between two timed ones as the bigger (CPU tiles: a line
+    between them would call the first rows of the next tile nearly free), cached like the
+    verify curve."""
+    assert calibrate.batch_points(40) == [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32, 40]
+    monkeypatch.setattr(calibrate, "steady", lambda timings: True)
+    timed = {}
+
+    def fake(ctx, sizes, reps, depth):
+        timed.update({n: [0.01 * (n if n <= 8 else 8 + n // 16)] for n in sizes})  # steps past 8 rows
+        return {n: list(ts) for n, ts in timed.items()}
+
+    monkeypatch.setattr(calibrate, "_time_blocks", fake)
+    ctx = Context(Model(tiny_target), ContextConfig(n_ctx=512, n_threads=2, n_seq=4))
+    costs = calibrate.batch_costs(ctx, 40)
+    assert sorted(timed) == calibrate.batch_points(40) and len(costs) == 40
+    assert costs[7] == pytest.approx(0.08) and costs[8:12] == [pytest.approx(0.08)] * 4  # 9-12 rows: as 12
+    assert costs[16:32] == [pytest.approx(0.10)] * 16 and costs[39] == pytest.approx(0.10)
+    timed.clear()
+    assert calibrate.batch_costs(ctx, 40) == costs and not timed  # the second run reads the cache
+
+
+def test_the_batch_curve_is_measured_on_a_real_context(cache, tiny_target):
+    ctx = Context(Model(tiny_target), ContextConfig(n_ctx=256, n_threads=2, n_seq=2))
+    ctx.eval(ctx.model.tokenize("hello world"))
+    before = list(ctx.tokens)
+    costs = calibrate.batch_costs(ctx, 20, reps=1)
+    assert len(costs) == 20 and costs == sorted(costs) and costs[0] > 0
+    assert ctx.tokens == before  # the context's cache is left as it was
+
+
+def test_a_draft_token_cost_timed_on_a_busy_machine_is_not_cached(cache, tiny_draft, monkeypatch):
+    ctx = Context(Model(tiny_draft), ContextConfig(n_ctx=512, n_threads=2))
+    monkeypatch.setattr(calibrate, "steady", lambda timings: False)
+    cost = calibrate.draft_token_cost(ctx)
+    stored = [v for k, v in json.loads(cache.read_text()).items() if k.startswith("draft:")]
+    assert cost > 0 and stored == [{"noisy": cost}]
+    calls = ctx.n_decode_calls
+    calibrate.draft_token_cost(ctx)
+    assert ctx.n_decode_calls > calls  # measured again
+    monkeypatch.setattr(calibrate, "steady", lambda timings: True)
+    cost = calibrate.draft_token_cost(ctx)
+    calls = ctx.n_decode_calls
+    assert calibrate.draft_token_cost(ctx) == cost and ctx.n_decode_calls == calls  # a steady one is kept

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from clihelp import specli
 from conftest import TEST_CACHE
+from curves import gpu_like_costs
 from test_constrain import EMAIL
 from test_hybrid import CHECKPOINTS, PROMPTS, SNAPSHOTS, _cli, _env, assert_sampling_follows_the_target, cfg, run
 from tiny2026 import _write, tiny_2026_model
@@ -49,19 +50,6 @@ def eagle3_drafter(target, head, cfg):
     d = Eagle3Drafter(target, eagle3_context(target, head, cfg), p_min=0.0)
     target.listen(d, replay=True)
     return d
-
-
-def _gpu_like_costs(cache_dir):
-    """As test_hybrid's: a GPU's costs (verify ~ one token, a head's pass a twentieth), so the
-    controller drafts whatever this machine's load."""
-    path = cache_dir / "calibration.json"
-    d = json.loads(path.read_text())
-    for key, value in list(d.items()):
-        if key.startswith("verify:"):
-            d[key] = [0.01 * (1 + 0.01 * k) for k in range(len(value))]
-        elif key.startswith(("mtp-head:", "eagle3:", "dflash")):
-            d[key] = 0.0005
-    path.write_text(json.dumps(d))
 
 
 @pytest.fixture(scope="session")
@@ -122,7 +110,7 @@ def test_cli_draft_head_runs_mtp_on_it_and_check_explains_the_fit(halves, tmp_pa
     trunk, head = halves("full")
     plain, _ = _cli(trunk, "none", env, PROMPTS[0])
     _cli(trunk, head, env, PROMPTS[0])  # measures and caches this machine's costs
-    _gpu_like_costs(tmp_path)
+    gpu_like_costs(tmp_path)
     got, err = _cli(trunk, head, env, PROMPTS[0])
     assert "is an MTP-only head (llama.cpp draft-mtp with a separate model): drafting with its MTP layers" in err
     st = got["stats"]
@@ -189,7 +177,7 @@ def test_cli_draft_eagle3_head_and_check(eagle, smol_gguf, tmp_path):
     target, head = eagle("full")
     plain, _ = _cli(target, "none", env, PROMPTS[0])
     _cli(target, head, env, PROMPTS[0])
-    _gpu_like_costs(tmp_path)
+    gpu_like_costs(tmp_path)
     got, err = _cli(target, head, env, PROMPTS[0])
     assert "is an EAGLE-3 head (llama.cpp draft-eagle3): drafting with it, fed the target's layers [0, 1, 1]" in err
     st = got["stats"]
@@ -296,7 +284,7 @@ def test_cli_draft_dflash_head_and_check(dflash, smol_gguf, tmp_path):
     target, head = dflash("full")
     plain, _ = _cli(target, "none", env, PROMPTS[0])
     _cli(target, head, env, PROMPTS[0], "--no-lookup")  # measures and caches this machine's costs
-    _gpu_like_costs(tmp_path)
+    gpu_like_costs(tmp_path)
     got, err = _cli(target, head, env, PROMPTS[0], "--no-lookup")
     assert ("is a DFlash head (llama.cpp draft-dflash): drafting a block of up to 3 tokens a pass, "
             "fed the target's layers [0, 1]") in err

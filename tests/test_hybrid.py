@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from clihelp import specli
 from conftest import TEST_CACHE
+from curves import gpu_like_costs
 from test_engine_exact import exact_joint
 from test_verify import chi2_critical, chi2_stat
 from tiny2026 import tiny_2026_model
@@ -187,19 +188,6 @@ def test_chat_on_a_hybrid_target_reuses_the_conversation(tiny26):
     ref.close()
 
 
-def _gpu_like_costs(cache_dir):
-    """Rewrite the measured costs as a GPU's: verifying a block costs about one token, MTP and
-    draft tokens a twentieth of one (the controller then drafts long, as it would there)."""
-    path = cache_dir / "calibration.json"
-    d = json.loads(path.read_text())
-    for key, value in list(d.items()):
-        if key.startswith("verify:"):
-            d[key] = [0.01 * (1 + 0.01 * k) for k in range(len(value))]
-        elif key.startswith(("mtp:", "draft:")):
-            d[key] = 0.0005
-    path.write_text(json.dumps(d))
-
-
 def _cli(path, draft, env, prompt, *extra):
     rc, out, err = specli("run", "--target", path, "--draft", draft, "--raw", "--prompt", prompt, "-n", "40",
                           "-t", "2", "--json", "--stats", *extra, env=env)
@@ -216,7 +204,7 @@ def test_cli_draft_auto_picks_mtp_and_says_so(tiny26, tmp_path):
     env, path = _env(tmp_path), tiny26("qwen35-mtp-full")
     plain, _ = _cli(path, "none", env, PROMPTS[0])
     _cli(path, "auto", env, PROMPTS[0])  # measures and caches this machine's costs
-    _gpu_like_costs(tmp_path)
+    gpu_like_costs(tmp_path)
     auto, err = _cli(path, "auto", env, PROMPTS[0])
     assert "--draft auto: the target's own MTP layers (1), with prompt lookup" in err
     assert "rejected drafts roll back by recurrent-state snapshots" in err
@@ -237,7 +225,7 @@ def test_cli_lookup_on_a_hybrid_target(tiny26, tmp_path):
     prompt = PROMPTS[0] + first["text"] + " " + PROMPTS[0]  # the answer repeats what the prompt holds
     plain, _ = _cli(path, "none", env, prompt)
     _cli(path, "lookup", env, prompt)
-    _gpu_like_costs(tmp_path)
+    gpu_like_costs(tmp_path)
     look, err = _cli(path, "lookup", env, prompt)
     st = look["stats"]
     assert st["mode"] == "lookup" and st["drafted"] > 0 and st["accepted"] > 0

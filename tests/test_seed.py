@@ -6,7 +6,7 @@ import json
 
 import pytest
 from clihelp import specli
-from test_hybrid import _gpu_like_costs
+from curves import gpu_like_costs
 
 from specli.session import Options, Session
 from specli.speculate.drafters import LOOKUP, Draft, Drafter
@@ -33,7 +33,7 @@ def gpu_like_cache(tmp_path_factory, tiny_target, tiny_draft):
         s = Session(Options(target=tiny_target, draft=tiny_draft, f32_kv=True, threads=2))
         s.prepare(s.draft.mode)
         s.close()
-    _gpu_like_costs(cache)
+    gpu_like_costs(cache)
     return cache
 
 
@@ -124,7 +124,7 @@ def cli_env(tmp_path_factory, tiny_target, tiny_draft):
     cache = tmp_path_factory.mktemp("specli-cli")
     env = {"env": {**os.environ, "SPECLI_CACHE": str(cache)}, "target": tiny_target}
     _cli(env, tiny_draft)
-    _gpu_like_costs(cache)
+    gpu_like_costs(cache)
     return env
 
 

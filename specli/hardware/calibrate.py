@@ -121,38 +121,81 @@ def interpolate(points: dict[int, float], k_max: int) -> list[float]:
     return out
 
 
-def verify_costs(ctx: Context, k_max: int, reps: int = 3, use_cache: bool = True) -> list[float]:
-    """seconds[k] for a block of k + 1 tokens with logits for every row, k = 0..k_max. The
-    sizes are timed in turn, ``reps`` rounds, median per size: a machine whose speed drifts
-    (turbo, a busy neighbour) then moves every size alike and the ratios hold."""
-    k_max = min(k_max, ctx.n_batch - 1)  # a block with a logits row per token fits one batch (tiny --ctx)
-    key = "verify:" + _key(ctx, k_max)
-    if use_cache:
-        cached = _load().get(key)
-        if isinstance(cached, list) and len(cached) == k_max + 1:
-            return [float(x) for x in cached]
+def _time_blocks(ctx: Context, sizes: list[int], reps: int, depth: int) -> dict[int, list[float]]:
+    """Seconds a pass over a block of each size in ``sizes`` (a logits row per token) takes
+    after ``depth`` cached tokens: the sizes timed in turn, ``reps`` rounds (a machine whose
+    speed drifts, turbo or a busy neighbour, then moves every size alike and the ratios
+    hold). The context's cache is as it was afterwards."""
     saved = list(ctx.tokens)
     ctx.clear()
-    prefix = _block(ctx, _depth(ctx, k_max))
+    prefix = _block(ctx, depth)
     ctx.eval(prefix, "none")
-    for n in (1, k_max + 1):  # warm-up: the first pass of a shape allocates its graph
+    for n in (min(sizes), max(sizes)):  # warm-up: the first pass of a shape allocates its graph
         ctx.eval(_block(ctx, n), "all")
         ctx.rollback(len(prefix))
-    times: dict[int, list[float]] = {k: [] for k in measured_points(k_max)}
+    times: dict[int, list[float]] = {n: [] for n in sizes}
     for _ in range(reps):
-        for k, ts in times.items():
+        for n, ts in times.items():
             t = time.perf_counter()
-            ctx.eval(_block(ctx, k + 1), "all")
+            ctx.eval(_block(ctx, n), "all")
             ts.append(time.perf_counter() - t)
             ctx.rollback(len(prefix))
-    # a bigger block is never priced below a smaller one (timing noise can say so)
-    costs = list(itertools.accumulate(interpolate({k: statistics.median(ts) for k, ts in times.items()}, k_max), max))
     ctx.clear()
     if saved:
         ctx.eval(saved, "none")
-    # a calibration timed on a busy machine is kept for a look, marked, and never read back
+    return times
+
+
+def _keep(key: str, costs: list[float], times: dict[int, list[float]]) -> list[float]:
+    """Cache ``costs``; a calibration timed on a busy machine is kept for a look, marked,
+    and never read back."""
     _store(key, costs if steady(times.values()) else {"noisy": costs})
     return costs
+
+
+def _cached_curve(key: str, length: int) -> list[float] | None:
+    cached = _load().get(key)
+    if isinstance(cached, list) and len(cached) == length:
+        return [float(x) for x in cached]
+    return None
+
+
+def verify_costs(ctx: Context, k_max: int, reps: int = 3, use_cache: bool = True) -> list[float]:
+    """seconds[k] for a block of k + 1 tokens with logits for every row, k = 0..k_max, the
+    median of ``reps`` rounds per size (:func:`_time_blocks`)."""
+    k_max = min(k_max, ctx.n_batch - 1)  # a block with a logits row per token fits one batch (tiny --ctx)
+    key = "verify:" + _key(ctx, k_max)
+    if use_cache and (cached := _cached_curve(key, k_max + 1)) is not None:
+        return cached
+    times = _time_blocks(ctx, [k + 1 for k in measured_points(k_max)], reps, _depth(ctx, k_max))
+    # a bigger block is never priced below a smaller one (timing noise can say so)
+    medians = {n - 1: statistics.median(ts) for n, ts in times.items()}
+    return _keep(key, list(itertools.accumulate(interpolate(medians, k_max), max)), times)
+
+
+def batch_points(n_max: int) -> list[int]:
+    """Batch passes timed directly, in rows: every size up to 8, then 12, 16 and every multiple
+    of 16 (CPU kernels work in tiles of rows: a pass costs about the same from one step to
+    the next, on this project's VM 9-16, 17-32, 33-48 rows), and ``n_max``."""
+    pts = {n for n in range(1, 9)} | {12} | set(range(16, n_max + 1, 16)) | {n_max}
+    return sorted(n for n in pts if n <= n_max)
+
+
+def batch_costs(ctx: Context, n_max: int, reps: int = 3, use_cache: bool = True) -> list[float]:
+    """seconds[n - 1] for one pass over n rows, n = 1..n_max (a batch of several requests'
+    blocks: what the sequences are does not change the cost). Between two sizes timed
+    (:func:`batch_points`) a pass is priced as the bigger one: within a tile of rows the cost
+    hardly moves, and a price read off a line between two tiles would call the first row of
+    the next tile nearly free."""
+    n_max = max(1, min(n_max, ctx.n_batch))
+    key = "batch:" + _key(ctx, n_max)
+    if use_cache and (cached := _cached_curve(key, n_max)) is not None:
+        return cached
+    times = _time_blocks(ctx, batch_points(n_max), reps, _depth(ctx, n_max))
+    medians = {n: statistics.median(ts) for n, ts in times.items()}
+    pts = sorted(medians)
+    costs = [medians[next(p for p in pts if p >= n)] for n in range(1, n_max + 1)]
+    return _keep(key, list(itertools.accumulate(costs, max)), times)
 
 
 NOISY = 1.5  # timings of one block size this far apart: the machine was busy while it calibrated
@@ -189,13 +232,14 @@ def draft_token_cost(ctx: Context, reps: int = 4, use_cache: bool = True) -> flo
     prefix = _block(ctx, _depth(ctx, reps))
     ctx.eval(prefix, "none")
     ctx.eval(_block(ctx, 1))  # warm-up
-    best = float("inf")
+    times = []
     for tok in _block(ctx, reps):
         t = time.perf_counter()
         ctx.eval([tok])
-        best = min(best, time.perf_counter() - t)
+        times.append(time.perf_counter() - t)
     ctx.clear()
     if saved:
         ctx.eval(saved, "none")
-    _store(key, best)
+    best = min(times)
+    _store(key, best if steady([times]) else {"noisy": best})  # as the verify curve: a busy machine's is not kept
     return best

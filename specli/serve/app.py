@@ -134,7 +134,7 @@ def create_app(session: Session, name: str | None = None, api_key: str | None = 
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "model": ids[0], "mode": session.drafter.name, **worker.status()}
+        return {"status": "ok", "model": ids[0], "mode": session.draft.mode.name, **worker.status()}
 
     @app.get("/v1/models", dependencies=auth)
     async def list_models() -> dict:

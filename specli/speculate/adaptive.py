@@ -15,7 +15,6 @@ from specli.speculate.controller import (
 from specli.speculate.drafters import (
     FORCED,
     MODEL,
-    NONE,
     Draft,
     Drafter,
     LookupDrafter,
@@ -92,7 +91,6 @@ class AdaptiveDrafter(Drafter):
             else "lookup"
         self.bins = [Acceptance(first=min(e, 1.0), rest=min(e, 1.0)) for e in CONFIDENCE_BINS]
         self._model_drafted = False  # has the controller chosen the model yet (probes aside)
-        self.model_on = True  # may the model draft this step (a batch that cannot pay its passes says no)
         self._pending: tuple[Source, list[int]] | None = None  # lookup's proposal
         self._end: int | None = None  # the context length at which the answer must end
         self.last = None  # the last Decision, for tests and stats
@@ -110,21 +108,31 @@ class AdaptiveDrafter(Drafter):
         if self.model is not None:
             self.model.sampling(sampler)
 
-    def propose(self, context: Sequence[int], max_len: int) -> Draft:
+    def lookup_proposal(self, context: Sequence[int], max_len: int) -> Draft:
+        """Prompt lookup's proposal for this step (none without lookup). Drafted or not, it is
+        scored against the tokens the target emits (:meth:`observe`)."""
+        d = self.lookup.propose(context, max_len) if self.lookup is not None else Draft([])
+        self._pending = (d.source, d.tokens) if d.tokens else None
+        return d
+
+    @staticmethod
+    def trusted(look: Draft) -> int:
+        """How much of a lookup draft is worth pricing: a copy is trusted about as far again as
+        it has matched (a 2-token match that happens to recur cannot buy a 16-token block, a
+        copy in sync can)."""
+        return min(len(look.tokens), 2 * int(look.confidence[0])) if look.tokens else 0
+
+    def propose(self, context: Sequence[int], max_len: int, look: Draft | None = None) -> Draft:
+        """``look``: lookup's proposal for this context, when the caller made it already
+        (:meth:`lookup_proposal`; a batch slot prices it first), at least ``max_len`` long."""
         cands: dict[Source, int] = {}
-        look: list[int] = []
-        look_key = NONE
-        if self.lookup is not None:
-            d = self.lookup.propose(context, max_len)
-            if d.tokens:
-                look = d.tokens
-                match = int(d.confidence[0])
-                look_key = d.source
-                # a copy is trusted about as far again as it has matched: a 2-token match that
-                # happens to recur cannot buy a 16-token block, a copy in sync can
-                cands[look_key] = min(len(look), 2 * match)
+        d = self.lookup_proposal(context, max_len) if look is None else \
+            replace(look, tokens=look.tokens[:max_len], confidence=look.confidence[:max_len])
+        look, look_key = d.tokens, d.source
+        if look:
+            cands[look_key] = self.trusted(d)
         behind = lacks = 1
-        if self.model is not None and self.model_on:
+        if self.model is not None:
             cands[self.msource] = min(max_len, self.model.max_len or max_len)
             # a draft model first catches up on what its cache lacks: what the target emitted
             # since it last drafted; before its first draft, the prompt, which the controller
@@ -134,7 +142,6 @@ class AdaptiveDrafter(Drafter):
         left = None if self._end is None else self._end - len(context)
         dec = self.ctl.decide(cands, k_cap=max_len, behind=behind, probe_behind=lacks, left=left)
         self.last = dec
-        self._pending = (look_key, look) if look else None
         if dec.k and dec.source == self.msource:
             self._model_drafted = True
         if dec.k == 0:

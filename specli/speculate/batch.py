@@ -11,21 +11,23 @@ them as ONE llama_decode.
 Each request therefore sees exactly the logits it would see alone (up to the float rounding
 of another batch shape), and its output is what it gets served alone.
 
-Draft lengths are chosen for the whole batch (:func:`allocate`): from the cost of a pass
-over n tokens (a line through the passes measured lately, its slope the calibrated curve's),
-the draft model's measured pass (batch time: every member waits for it) and each request's
-acceptance estimates, draft tokens are handed out one at a time to the request whose next
-token buys the most expected tokens per second of batch time, while that beats the batch's
-rate so far. With one busy slot each request drafts as it does alone; with many, the batch
-already yields a token per slot, so only likely tokens are worth their rows, and a draft
-model drafts only where its passes pay (:meth:`Batch.plan`). Each request's own controller
-then drafts at most that many.
+Draft lengths are chosen for the whole batch (:func:`allocate`): from the cost of a pass over
+n rows (the calibrated batch curve, scaled by the passes timed lately: on a CPU it rises in
+steps, so a tile of rows costs about what one row of it does), the draft model's measured pass
+(batch time: every member waits for it; the slots drafting at once share each pass) and each
+request's acceptance estimates (lookup's by the bucket of the match it has now), the draft
+tokens are lined up by what each nets and the batch takes the prefix with the best tokens/s.
+With one busy slot each request drafts as it does alone; with many, the batch already yields a
+token per slot, so only likely tokens, or tokens that fill a tile already paid for, are worth
+their rows, and a draft model drafts only where its passes pay (:meth:`Batch.plan`).
 """
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -35,18 +37,21 @@ import numpy as np
 from specli.constrain import Constraint, ForcedDrafter
 from specli.engine import Context, SeqContext
 from specli.errors import SpecliError
+from specli.hardware import calibrate
 from specli.speculate import registry
 from specli.speculate.adaptive import CATCH_UP_PRICED, AdaptiveDrafter
-from specli.speculate.controller import block_ratio, prior
-from specli.speculate.drafters import LOOKUP, Draft, Drafter, ModelDrafter
+from specli.speculate.controller import block_ratio
+from specli.speculate.drafters import FORCED, Draft, Drafter, ModelDrafter
 from specli.speculate.loop import Response, generate
 from specli.speculate.registry import DraftKind
 from specli.speculate.verify import SamplingParams
 from specli.tokens import common_prefix
 
 PREFILL_CHUNK = 256  # the most prompt tokens one request puts in a step
-SMOOTHING = 0.1  # of the measured time of the batch's passes and of a draft model's pass
-MIN_ROW = 0.01  # the least a row adds to a batch pass, as a part of a one-row pass
+SMOOTHING = 0.1  # of a draft model's measured pass time
+# the batch's passes of each size: the median of the last few (the first pass of a new size also
+# allocates its graph)
+RECENT = 7
 
 
 @dataclass
@@ -85,7 +90,8 @@ class Batcher:
         self.max_seqs = 0  # the most sequences one decode held
         self.share: dict[int, float] = {}  # per sequence: its part of the last decode's time (by rows)
         self.timed_rows = 0  # decodes of at most this many rows are timed (the batch's steps: it prices drafts)
-        self.measured: dict[int, float] = {}  # rows -> seconds a decode of that many took, lately
+        self.measured: dict[int, float] = {}  # rows -> seconds a decode of that many took, lately (a median)
+        self._recent: dict[int, deque[float]] = {}
 
     def join(self) -> None:
         with self._cond:
@@ -172,8 +178,9 @@ class Batcher:
         dt = time.perf_counter() - t0
         n = sum(len(it.tokens) for it in group)
         if n <= self.timed_rows:
-            old = self.measured.get(n)
-            self.measured[n] = dt if old is None else old + SMOOTHING * (dt - old)
+            recent = self._recent.setdefault(n, deque(maxlen=RECENT))
+            recent.append(dt)
+            self.measured[n] = statistics.median(recent)
         for it, rows in zip(group, out, strict=True):
             it.rows = rows
             self.share[it.seq] = dt * len(it.tokens) / n
@@ -204,81 +211,105 @@ class Batcher:
 @dataclass
 class Estimate:
     """What one request's next draft is worth: the chance its first token is accepted, each
-    later one (given the ones before), the seconds a drafted token costs (0 for lookup), the
-    most tokens it may draft, and the seconds its first drafted token costs (a draft model's
-    catch-up pass over what its cache lacks, which yields it; None: ``draft_token``). A draft
-    model's passes stall the whole batch (every member waits for its block), so they are
-    priced as the batch's time."""
+    later one (given the ones before), the wall time of a one-row pass of what drafts (0:
+    free, prompt lookup or tokens a grammar forces), the most tokens it may draft, and the
+    rows its first pass holds (a draft model's catch-up over what its cache lacks, which
+    yields its first token). A draft model's passes stall the whole batch (every member
+    waits for its block), so they are priced as the batch's time; the slots drafting at once
+    share them (one decode of the draft model's context per pass)."""
 
     first: float
     rest: float
     draft_token: float
     cap: int
-    draft_first: float | None = None
+    behind: int = 1
 
 
-def allocate(requests: Sequence[Estimate], verify: Sequence[float]) -> list[int]:
-    """Draft lengths for one batch step of these requests. The step costs the verify curve's
-    price of all its rows (one per request, plus the drafts) and the draft model's passes,
-    and yields one token per request plus the expected accepted drafts. Draft tokens are
-    added one at a time where the next one adds the most expected tokens per second it adds,
-    while that beats the step's rate so far (a token the batch's own rate pays better is not
-    drafted). Each request's draft-model token is charged a whole pass, though the slots
-    drafting at once share their passes: a draft model's acceptance and cost are known
-    least well when it has not drafted lately, and a pass the batch does not need stalls
-    every slot. One request alone drafts up to its cap: its own controller prices its
-    draft as it does serving alone."""
-    if len(requests) <= 1:
-        return [r.cap for r in requests]
+NOTHING = Estimate(0.0, 0.0, 0.0, 0)  # a request with nothing to draft this step
+# who drafts a slot's share (:meth:`Batch.plan`): its own controller as served alone (no other
+# slot busy, or fixed lengths), prompt lookup's copy at the length the batch gives it, or the
+# draft model (its controller choosing within that length)
+ALONE, LOOKUP_SHARE, MODEL_SHARE = "alone", "lookup", "model"
 
-    def cost(n: int) -> float:
-        return verify[0] * block_ratio(verify, n)
 
-    k = [0] * len(requests)
-    p = [1.0] * len(requests)
-    rows = len(requests)
-    tokens, seconds = float(rows), cost(rows)
+def allocate(requests: Sequence[Estimate], passes: Sequence[float]) -> tuple[list[int], float]:
+    """Draft lengths for one batch step of these requests, and the tokens/s the step promises.
+    ``passes[n - 1]``: the seconds of a pass over n rows (the batch's curve, :meth:`Batch.curve`:
+    on a CPU it rises in steps, a tile of rows costing about as much as one row of it). The
+    step costs the pass over all its rows (one per request, plus the drafts) and the draft
+    model's passes, and yields one token per request plus the expected accepted drafts.
 
-    while True:
-        best, best_i = 0.0, -1
-        extra = cost(rows + 1) - cost(rows)
+    Draft tokens are lined up by what each nets: its chance of being kept (a request's tokens
+    in order, each worth less than the one before) less its drafting time at the batch's
+    plain rate. A draft model's pass holds every slot drafting that deep at once, so a
+    slot's token there costs only the rows it adds to the pass (priced by the curve's shape);
+    the first token at a depth pays for the pass. The step takes the prefix of that line with
+    the best tokens/s, none when no prefix beats the plain batch: over costs that rise in
+    steps a token that does not pay alone may pay with the tokens that fill its tile or share
+    its pass, so every prefix is priced. One request alone drafts up to its cap: its own
+    controller prices its draft as it does serving alone."""
+    n = len(requests)
+    if n <= 1:
+        return [r.cap for r in requests], 0.0
+    if n > len(passes) or passes[n - 1] <= 0:
+        return [0] * n, 0.0
+
+    def pass_rows(rows: int) -> float:  # a draft pass over ``rows`` rows, in one-row passes
+        return block_ratio(passes, rows) if rows > 0 else 0.0
+
+    def draft_cost(r: Estimate, j: int) -> float:  # seconds r's token at depth j adds
+        if r.draft_token <= 0:
+            return 0.0
+        have = depth[j] if j < len(depth) else 0
+        return r.draft_token * (pass_rows(have + (r.behind if j == 0 else 1)) - pass_rows(have))
+
+    plain = n / passes[n - 1]
+    k, p = [0] * n, [1.0] * n
+    depth: list[int] = []  # rows of the draft model's pass at each depth so far
+    tokens, drafting, rows = float(n), 0.0, n
+    best, best_rate = list(k), plain
+    while rows < len(passes):
+        top, pick, cost = float("-inf"), -1, 0.0
         for i, r in enumerate(requests):
             if k[i] >= r.cap:
                 continue
-            gain = p[i] * (r.first if k[i] == 0 else r.rest)
-            score = gain / max(extra + _draft_cost(r, k[i]), 1e-12)
-            if score > best:
-                best, best_i = score, i
-        if best_i < 0 or best * seconds <= tokens:
-            return k
-        r = requests[best_i]
-        p[best_i] *= r.first if k[best_i] == 0 else r.rest
-        tokens += p[best_i]
-        seconds += extra + _draft_cost(r, k[best_i])
-        k[best_i] += 1
+            c = draft_cost(r, k[i])
+            net = p[i] * (r.first if k[i] == 0 else r.rest) - plain * c
+            if net > top:
+                top, pick, cost = net, i, c
+        if pick < 0:
+            break
+        r, j = requests[pick], k[pick]
+        if r.draft_token > 0:
+            if j == len(depth):
+                depth.append(0)
+            depth[j] += r.behind if j == 0 else 1
+        drafting += cost
+        p[pick] *= r.first if j == 0 else r.rest
+        tokens += p[pick]
+        k[pick] += 1
         rows += 1
-
-
-def _draft_cost(r: Estimate, k: int) -> float:
-    """The seconds request ``r``'s (k+1)-th drafted token costs to draft."""
-    return r.draft_first if k == 0 and r.draft_first is not None else r.draft_token
+        rate = tokens / (passes[rows - 1] + drafting)
+        if rate > best_rate * (1 + 1e-9):
+            best, best_rate = list(k), rate
+    return best, best_rate
 
 
 class BatchDrafter(Drafter):
-    """A slot's drafter inside a batch: drafts no more than the batch's allocation gives it
-    (:meth:`Batch.plan`), with its draft model only when the allocation finds that its passes
-    (their whole wall time, which every member of the batch waits out) pay, else from the
-    free sources only (prompt lookup). The slots' draft models are one context's sequences:
-    the slots drafting at once run each pass as one decode (:class:`Batcher` again). It tells
-    its controller the part of each batch pass its block took, not the whole pass, and times
-    its draft model's passes itself."""
+    """A slot's drafter inside a batch: drafts what the batch's allocation gives it
+    (:meth:`Batch.plan`): prompt lookup's copy at that length, or its draft model up to that
+    length (while the model is confident) when the allocation finds that its passes (their
+    whole wall time, which every member of the batch waits out) pay. Alone in the batch, its
+    own controller decides as served alone. The slots' draft models are one context's
+    sequences: the slots drafting at once run each pass as one decode (:class:`Batcher`
+    again). It tells its controller the part of each batch pass its block took, not the whole
+    pass, and times its draft model's passes itself."""
 
     def __init__(self, inner: Drafter, batch: Batch, slot: Slot):
         self.inner, self.batch, self.slot = inner, batch, slot
         self.name = inner.name
         self.adaptive = isinstance(inner, AdaptiveDrafter)
         self.model = inner.model if self.adaptive else None  # the draft model (a PaidDrafter), if any
-        self.look = LOOKUP  # the lookup source (match bucket) it drafted from last
         self.est: Estimate | None = None  # its draft as last priced (what the other slots count it at)
         self.pass_time: float | None = None  # a draft-model pass's measured wall time (None: not timed yet)
 
@@ -294,16 +325,24 @@ class BatchDrafter(Drafter):
         self.inner.sampling(sampler)
 
     # -- prices --------------------------------------------------------------------------
-    def free_estimate(self, cap: int) -> Estimate:
-        """Its next draft from lookup: free to draft (a read of the index)."""
-        a = self.inner.ctl.sources.get(self.look) or prior(self.look)
-        return Estimate(a.cautious_first(), a.alpha_rest, 0.0, cap)
+    def lookup_estimate(self, look: Draft | None, max_len: int) -> Estimate:
+        """Lookup's proposal this step, free to draft, at the acceptance its match's bucket has
+        earned, as far as a copy from such a match is trusted (:meth:`AdaptiveDrafter.trusted`)."""
+        if look is None or not look.tokens:
+            return NOTHING
+        a = self.inner.ctl.acceptance(look.source)
+        return Estimate(a.cautious_first(), a.alpha_rest, 0.0, min(max_len, self.inner.trusted(look)))
 
-    def model_estimate(self, context: Sequence[int], cap: int, verify: list[float]) -> Estimate | None:
+    def forced_estimate(self, max_len: int) -> Estimate:
+        """Tokens a grammar forces: free, at the acceptance forced drafts have earned."""
+        a = self.inner.ctl.acceptance(FORCED)
+        return Estimate(a.alpha_first, a.alpha_rest, 0.0, max_len)
+
+    def model_estimate(self, context: Sequence[int], cap: int, passes: list[float]) -> Estimate | None:
         """Its next draft from the draft model (None: it has none): each pass at its measured
         wall time, the first one the catch-up over all the model's cache lacks (the prompt
         too, before its first draft: no outlay spread over drafts to come, the whole batch
-        waits it out now), priced on the batch's pass curve ``verify``."""
+        waits it out now), priced on the batch's pass curve ``passes``."""
         if self.model is None:
             return None
         ctl, src = self.inner.ctl, self.inner.msource
@@ -311,20 +350,23 @@ class BatchDrafter(Drafter):
         dt = self.pass_time
         if dt is None:  # calibrated with the verify curve, at the batch's measured speed since
             cal = self.batch.session.verify_costs()[0]
-            dt = ctl.cost.draft_calibrated * (verify[0] / cal if cal > 0 else 1.0)
-        behind = max(1, self.model.behind(context))
+            dt = ctl.cost.draft_calibrated * (passes[0] / cal if cal > 0 else 1.0)
         # its first token's acceptance as lookup's is judged: lowered by its estimate's spread
-        return Estimate(a.cautious_first(), a.alpha_rest, dt, cap, dt * block_ratio(verify, behind))
+        return Estimate(a.cautious_first(), a.alpha_rest, dt, cap, max(1, self.model.behind(context)))
 
     # -- a step --------------------------------------------------------------------------
     def propose(self, context: Sequence[int], max_len: int) -> Draft:
-        k, model_ok = self.batch.plan(self.slot, context, max_len)
-        if self.adaptive:
-            self.inner.model_on = model_ok
-        d = self.inner.propose(context, k)
-        if d.tokens and d.source.kind == "lookup":
-            self.look = d.source
-        return d
+        if not self.adaptive:
+            return self.inner.propose(context, self.batch.plan(self.slot, context, max_len)[0])
+        look = self.inner.lookup_proposal(context, max_len)  # scored against the target's tokens, drafted or not
+        k, who = self.batch.plan(self.slot, context, max_len, look)
+        if who == ALONE:
+            return self.inner.propose(context, k, look)
+        if who == MODEL_SHARE:  # the draft model's tokens up to k, while it is confident enough
+            return self.model.propose(context, k)
+        if k == 0:
+            return Draft([])
+        return Draft(look.tokens[:k], look.source, look.confidence[:k])
 
     def _verify_time(self, t_verify: float) -> float:
         return self.batch.batcher.share.get(self.slot.index, t_verify)
@@ -339,7 +381,7 @@ class BatchDrafter(Drafter):
         self.inner.observe_forced(draft, n_forced, n_accepted, emitted, t_draft, self._verify_time(t_verify))
 
     def room(self, max_len: int) -> int:
-        return self.batch.plan(self.slot, None, max_len, free=True)[0]
+        return self.batch.plan(self.slot, None, max_len, forced=True)[0]
 
     def forced(self, n: int, max_len: int) -> int:
         return self.inner.forced(n, max_len)
@@ -367,14 +409,11 @@ class Slot:
 
 
 class _SlotModelDrafter(ModelDrafter):
-    """One slot's draft model: its sequence of the batch's draft-model context (the weights
-    and the measured cost of a pass are the session's drafter's)."""
+    """One slot's draft model: the session's draft model's weights, its sequence of the batch's
+    draft-model context for a cache (the session's drafter never makes one of its own)."""
 
     def __init__(self, shared: ModelDrafter, ctx: SeqContext):
-        self.model, self.ctx, self.p_min, self.shared = shared.model, ctx, shared.p_min, shared
-
-    def token_cost(self) -> float:
-        return self.shared.token_cost()
+        self.model, self.cfg, self.p_min, self._ctx = shared.model, shared.cfg, shared.p_min, ctx
 
 
 class _SlotParts:
@@ -416,8 +455,13 @@ class Batch:
         self.mode = session.draft.mode
         self.draft_max = session.opts.spec.draft_max
         self.batcher = Batcher(ctx)
-        if self.mode.adaptive and self.mode.kind is not DraftKind.NONE:
-            self.batcher.timed_rows = len(session.verify_costs())  # calibrated on sequence 0 before any slot holds it
+        self._curve: list[float] = []
+        if n > 1 and self.mode.adaptive and self.mode.kind is not DraftKind.NONE:
+            # calibrated on sequence 0 before any slot holds it: a verify block, and a pass of
+            # every slot with a whole block
+            session.verify_costs()
+            self._curve = calibrate.batch_costs(ctx, n * (self.draft_max + 1))
+            self.batcher.timed_rows = len(self._curve)
         ctx.clear()
         self._lock = threading.Lock()
         self.chunk = chunk
@@ -484,51 +528,47 @@ class Batch:
             self.batcher.leave()
 
     # -- draft lengths -------------------------------------------------------------------
-    def plan(self, slot: Slot, context: Sequence[int] | None, max_len: int, free: bool = False) -> tuple[int, bool]:
-        """The most tokens ``slot`` may draft this step, by :func:`allocate` over the busy
-        slots (the others at the price of their last draft), and whether its draft model may
-        draft them: only when it earns a share at its own price (its passes' wall time,
-        catch-up included); else lookup's share, free. Alone, or drafting with fixed lengths
-        (--fixed), it drafts up to ``max_len`` as it does served alone. ``free``: a draft
-        that costs nothing to make (tokens a grammar forces)."""
+    def plan(self, slot: Slot, context: Sequence[int] | None, max_len: int, look: Draft | None = None,
+             forced: bool = False) -> tuple[int, str]:
+        """The most tokens ``slot`` may draft this step, and who drafts them (``ALONE``,
+        ``LOOKUP_SHARE``, ``MODEL_SHARE``), by :func:`allocate` over the busy slots (the others
+        at the price of their last plan): lookup's proposal ``look`` (free), or the draft model
+        at its own price (its passes' wall time, catch-up included), whichever promises the
+        batch more tokens/s; the model only when it earns a share. Alone, or drafting with
+        fixed lengths (--fixed), it drafts up to ``max_len`` as it does served alone.
+        ``forced``: the room for tokens a grammar forces (free, and nearly always kept)."""
         d = slot.drafter
         if max_len <= 0:
-            return 0, False
+            return 0, LOOKUP_SHARE
         with self._lock:
             others = [s.drafter for s in self.slots if s.busy and s is not slot]
         if not d.adaptive or not others:
-            return max_len, True
-        verify = self.verify_curve()
-        ests = [o.est or o.free_estimate(self.draft_max) for o in others]
-        look = d.free_estimate(max_len)
-        model = None if free else d.model_estimate(context, max_len, verify)
+            return max_len, ALONE
+        passes = self.curve()
+        ests = [o.est or NOTHING for o in others]
+        if forced:
+            d.est = d.forced_estimate(max_len)
+            return allocate([d.est, *ests], passes)[0][0], LOOKUP_SHARE
+        d.est = d.lookup_estimate(look, max_len)
+        ks, rate = allocate([d.est, *ests], passes)
+        k, who = ks[0], LOOKUP_SHARE
+        model = d.model_estimate(context, max_len, passes)
         if model is not None:
-            k = allocate([model, *ests], verify)[0]
-            if k > 0:
-                d.est = model
-                return k, True
-        d.est = look
-        return allocate([look, *ests], verify)[0], False
+            mks, mrate = allocate([model, *ests], passes)
+            if mks[0] > 0 and mrate > rate:
+                d.est, k, who = model, mks[0], MODEL_SHARE
+        return k, who
 
-    def verify_curve(self) -> list[float]:
-        """The price of a batch pass by its rows (``[n - 1]``: n rows): the line through what
-        the steps' passes have taken lately, once passes of three sizes or more have been
-        timed; until then a line whose slope is the calibrated curve's, through the passes
-        timed (the calibrated one-row pass before any). A row adds at least ``MIN_ROW`` of a
-        pass (a noisy calibration or timing must not make a row look free)."""
-        cal = self.session.verify_costs()
-        seen = dict(self.batcher.measured)
-        if len(seen) >= 3 and max(seen) - min(seen) >= 2:  # sizes enough apart: the passes' own line
-            n_bar, t_bar = sum(seen) / len(seen), sum(seen.values()) / len(seen)
-            b = sum((n - n_bar) * (t - t_bar) for n, t in seen.items()) / sum((n - n_bar) ** 2 for n in seen)
-            a = t_bar - b * n_bar  # seconds of a pass of n rows: a + b n
-            v1 = a + b
-            if v1 > 0:
-                slope = max(MIN_ROW, b / v1)
-                return [v1 * (1.0 + slope * i) for i in range(len(cal))]
-        slope = max(MIN_ROW, (cal[-1] / cal[0] - 1.0) / (len(cal) - 1)) if cal[0] > 0 else MIN_ROW
-        v0 = sum(t / (1.0 + slope * (n - 1)) for n, t in seen.items()) / len(seen) if seen else cal[0]
-        return [v0 * (1.0 + slope * i) for i in range(len(cal))]
+    def curve(self) -> list[float]:
+        """The price of a batch pass by its rows (``[n - 1]``: n rows): the calibrated batch
+        curve (:func:`calibrate.batch_costs`), scaled by what the steps' passes have taken
+        lately against it (the machine's speed now; its shape, the steps of a CPU's tiles,
+        stays the calibration's)."""
+        base = self._curve
+        seen = {n: t for n, t in self.batcher.measured.items() if n <= len(base)}
+        cal = sum(base[n - 1] for n in seen)
+        scale = sum(seen.values()) / cal if seen and cal > 0 else 1.0
+        return [c * scale for c in base]
 
     # -- generation ----------------------------------------------------------------------
     def generate(self, slot: Slot, prompt: Sequence[int], params: SamplingParams, max_tokens: int,

@@ -346,9 +346,16 @@ class ModelDrafter(PaidDrafter):
     source = MODEL
 
     def __init__(self, model: Model, cfg: ContextConfig, p_min: float = DEFAULTS.draft_p_min):
-        self.model = model
-        self.ctx = Context(model, cfg)
-        self.p_min = p_min
+        self.model, self.cfg, self.p_min = model, cfg, p_min
+        self._ctx: Context | None = None
+
+    @property
+    def ctx(self) -> Context:
+        """Its KV cache, made on first use (the slots of a --parallel batch draft in sequences
+        of the batch's draft context instead: this one is then never made)."""
+        if self._ctx is None:
+            self._ctx = Context(self.model, self.cfg)
+        return self._ctx
 
     def propose(self, context: Sequence[int], max_len: int,
                 keep_going: Callable[[int, float, list[int]], bool] | None = None, p_min: float | None = None) -> Draft:
@@ -378,4 +385,5 @@ class ModelDrafter(PaidDrafter):
         self.ctx.repair()
 
     def close(self) -> None:
-        self.ctx.close()
+        if self._ctx is not None:
+            self._ctx.close()
