@@ -3,6 +3,7 @@ cache, each request's output equals what it gets served alone, greedy and sample
 attention, hybrid and recurrent targets; the batch really holds several sequences per
 llama_decode; and the draft lengths shrink as the batch fills."""
 
+import threading
 from dataclasses import replace
 
 import pytest
@@ -10,6 +11,7 @@ from conftest import TEST_CACHE
 from tiny2026 import tiny_2026_model
 
 from specli.engine import Context, ContextConfig, ContextFull, Model, SeqContext
+from specli.errors import SpecliError
 from specli.session import Options, Session
 from specli.speculate.batch import MODEL_SHARE, NOTHING, Batch, Estimate, allocate
 from specli.speculate.drafters import Draft, ModelDrafter
@@ -290,3 +292,33 @@ def test_the_slots_share_one_cache_that_holds_every_slot_full_at_once(tiny_targe
     with pytest.raises(ContextFull):
         slots[0].eval(toks[:1])
     ctx.close()
+
+
+def test_every_decode_of_a_batch_runs_on_one_thread(tiny_target, tiny_draft, monkeypatch):
+    """The requests' threads take turns completing a batch, but its decodes (the target's and
+    the draft model's) all run on the batch's one decode thread: llama.cpp's CPU backend keeps
+    a team of worker threads per calling thread, and decodes from threads in turn ran ~10 %
+    slower. An error there reaches the caller."""
+    threads = set()
+    decode_seqs = Context.decode_seqs
+
+    def recorded(self, items, b=None):
+        threads.add(threading.current_thread().name)
+        return decode_seqs(self, items, b)
+
+    three = session(tiny_target, tiny_draft, 3, adaptive=False, draft_max=4)
+    batch = Batch(three)
+    monkeypatch.setattr(Context, "decode_seqs", recorded)
+    reqs = requests(three, [SamplingParams()] * 4)[:3]
+    batched(batch, reqs)
+    assert batch.stats()["draft"]["decodes"] > 0 and threads == {"specli-decode"}
+
+    def fails():
+        raise SpecliError("boom")
+
+    with pytest.raises(SpecliError, match="boom"):
+        batch.thread.call(fails)
+    assert batch.thread.call(lambda: threading.current_thread().name) == "specli-decode"
+    batch.close()
+    assert batch.thread.call(lambda: 7) == 7  # closed: runs where it is called
+    three.close()

@@ -24,6 +24,7 @@ their rows, and a draft model drafts only where its passes pay (:meth:`Batch.pla
 
 from __future__ import annotations
 
+import queue
 import statistics
 import threading
 import time
@@ -65,6 +66,44 @@ class _Item:
     done: bool = False
 
 
+class DecodeThread:
+    """One thread that makes every llama_decode of a batch (its target's and its draft model's
+    contexts): llama.cpp's CPU backend (OpenMP) keeps a team of worker threads per calling
+    thread, and a decode called from the requests' threads in turn ran about 10 % slower than
+    from one thread (four sequences on the 1.5B target, the 2-core VM: 191 against 173 ms)."""
+
+    def __init__(self):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="specli-decode", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            fn, args, done, out = job
+            try:
+                out.append(fn(*args))
+            except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+                out.append(e)
+                out.append(None)
+            done.set()
+
+    def call(self, fn, *args):
+        """``fn(*args)`` on the decode thread; its result, or its exception raised here."""
+        if threading.current_thread() is self._thread or not self._thread.is_alive():  # (closed: here)
+            return fn(*args)
+        done, out = threading.Event(), []
+        self._jobs.put((fn, args, done, out))
+        done.wait()
+        if len(out) == 2:
+            raise out[0]
+        return out[0]
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._jobs.put(None)
+            self._thread.join()
+
+
 class Batcher:
     """Collects the blocks the active sequences ask to decode and runs them as one
     llama_decode once every member has asked (a thread that is not a member is served at
@@ -74,8 +113,9 @@ class Batcher:
     while waiting for a batch); the members' bookkeeping has a lock of its own, so admitting
     a request never waits for a decode."""
 
-    def __init__(self, ctx: Context):
+    def __init__(self, ctx: Context, thread: DecodeThread | None = None):
         self.ctx = ctx
+        self.thread = thread  # where its decodes run (None: on the thread that completes a batch)
         # a draft model's batcher: a sequence decoded here may draft there until its next block
         # here (it is inside that batcher's phase meanwhile; see :meth:`enter`)
         self.phase: Batcher | None = None
@@ -158,7 +198,10 @@ class Batcher:
         try:
             with self.lock:
                 for group in self._groups(items):
-                    self._run(group)
+                    if self.thread is None:
+                        self._run(group)
+                    else:
+                        self.thread.call(self._run, group)
         finally:
             if self.phase is not None:
                 self.phase.enter({it.seq for it in items})
@@ -454,7 +497,8 @@ class Batch:
         self.session = session
         self.mode = session.draft.mode
         self.draft_max = session.opts.spec.draft_max
-        self.batcher = Batcher(ctx)
+        self.thread = DecodeThread()
+        self.batcher = Batcher(ctx, self.thread)
         self._curve: list[float] = []
         if n > 1 and self.mode.adaptive and self.mode.kind is not DraftKind.NONE:
             # calibrated on sequence 0 before any slot holds it: a verify block, and a pass of
@@ -499,7 +543,7 @@ class Batch:
         on first use); the target's batcher lets each step's sequences draft there together."""
         if self.drafts is None:
             n = len(self.slots)
-            self.drafts = Batcher(Context(model, replace(self.session.cfg, n_seq=n)))
+            self.drafts = Batcher(Context(model, replace(self.session.cfg, n_seq=n)), self.thread)
             self.batcher.phase = self.drafts
         dctx = self.drafts.ctx
         return SeqContext(dctx, seq, self.drafts, max(1, min(self.chunk, dctx.n_batch // dctx.n_seq)))
@@ -624,3 +668,4 @@ class Batch:
             self.batcher.phase = None
             self.drafts.ctx.close()
             self.drafts = None
+        self.thread.close()
