@@ -81,10 +81,9 @@ class DecodeThread:
         while (job := self._jobs.get()) is not None:
             fn, args, done, out = job
             try:
-                out.append(fn(*args))
+                out.append((True, fn(*args)))
             except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
-                out.append(e)
-                out.append(None)
+                out.append((False, e))
             done.set()
 
     def call(self, fn, *args):
@@ -94,9 +93,10 @@ class DecodeThread:
         done, out = threading.Event(), []
         self._jobs.put((fn, args, done, out))
         done.wait()
-        if len(out) == 2:
-            raise out[0]
-        return out[0]
+        ok, value = out[0]
+        if not ok:
+            raise value
+        return value
 
     def close(self) -> None:
         if self._thread.is_alive():
@@ -271,7 +271,7 @@ class Estimate:
 NOTHING = Estimate(0.0, 0.0, 0.0, 0)  # a request with nothing to draft this step
 # who drafts a slot's share (:meth:`Batch.plan`): its own controller as served alone (no other
 # slot busy, or fixed lengths), prompt lookup's copy at the length the batch gives it, or the
-# draft model (its controller choosing within that length)
+# draft model up to that length
 ALONE, LOOKUP_SHARE, MODEL_SHARE = "alone", "lookup", "model"
 
 
