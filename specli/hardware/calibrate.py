@@ -146,11 +146,11 @@ def _time_blocks(ctx: Context, sizes: list[int], reps: int, depth: int) -> dict[
     return times
 
 
-def _keep(key: str, costs: list[float], times: dict[int, list[float]]) -> list[float]:
-    """Cache ``costs``; a calibration timed on a busy machine is kept for a look, marked,
-    and never read back."""
-    _store(key, costs if steady(times.values()) else {"noisy": costs})
-    return costs
+def _keep(key: str, value, timings):
+    """Cache ``value`` measured from ``timings`` (each size's repeated timings); one timed on a
+    busy machine (:func:`steady`) is kept for a look, marked, and never read back."""
+    _store(key, value if steady(timings) else {"noisy": value})
+    return value
 
 
 def _cached_curve(key: str, length: int) -> list[float] | None:
@@ -170,7 +170,7 @@ def verify_costs(ctx: Context, k_max: int, reps: int = 3, use_cache: bool = True
     times = _time_blocks(ctx, [k + 1 for k in measured_points(k_max)], reps, _depth(ctx, k_max))
     # a bigger block is never priced below a smaller one (timing noise can say so)
     medians = {n - 1: statistics.median(ts) for n, ts in times.items()}
-    return _keep(key, list(itertools.accumulate(interpolate(medians, k_max), max)), times)
+    return _keep(key, list(itertools.accumulate(interpolate(medians, k_max), max)), times.values())
 
 
 def batch_points(n_max: int) -> list[int]:
@@ -195,7 +195,7 @@ def batch_costs(ctx: Context, n_max: int, reps: int = 3, use_cache: bool = True)
     medians = {n: statistics.median(ts) for n, ts in times.items()}
     pts = sorted(medians)
     costs = [medians[next(p for p in pts if p >= n)] for n in range(1, n_max + 1)]
-    return _keep(key, list(itertools.accumulate(costs, max)), times)
+    return _keep(key, list(itertools.accumulate(costs, max)), times.values())
 
 
 NOISY = 1.5  # timings of one block size this far apart: the machine was busy while it calibrated
@@ -240,6 +240,4 @@ def draft_token_cost(ctx: Context, reps: int = 4, use_cache: bool = True) -> flo
     ctx.clear()
     if saved:
         ctx.eval(saved, "none")
-    best = min(times)
-    _store(key, best if steady([times]) else {"noisy": best})  # as the verify curve: a busy machine's is not kept
-    return best
+    return _keep(key, min(times), [times])

@@ -113,9 +113,9 @@ class Batcher:
     while waiting for a batch); the members' bookkeeping has a lock of its own, so admitting
     a request never waits for a decode."""
 
-    def __init__(self, ctx: Context, thread: DecodeThread | None = None):
+    def __init__(self, ctx: Context, thread: DecodeThread):
         self.ctx = ctx
-        self.thread = thread  # where its decodes run (None: on the thread that completes a batch)
+        self.thread = thread  # where its decodes run (its batch's one decode thread)
         # a draft model's batcher: a sequence decoded here may draft there until its next block
         # here (it is inside that batcher's phase meanwhile; see :meth:`enter`)
         self.phase: Batcher | None = None
@@ -198,10 +198,7 @@ class Batcher:
         try:
             with self.lock:
                 for group in self._groups(items):
-                    if self.thread is None:
-                        self._run(group)
-                    else:
-                        self.thread.call(self._run, group)
+                    self.thread.call(self._run, group)
         finally:
             if self.phase is not None:
                 self.phase.enter({it.seq for it in items})
