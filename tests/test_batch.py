@@ -297,7 +297,7 @@ def test_the_slots_share_one_cache_that_holds_every_slot_full_at_once(tiny_targe
 def test_every_decode_of_a_batch_runs_on_one_thread(tiny_target, tiny_draft, monkeypatch):
     """The requests' threads take turns completing a batch, but its decodes (the target's and
     the draft model's) all run on the batch's one decode thread: llama.cpp's CPU backend keeps
-    a team of worker threads per calling thread, and decodes from threads in turn ran ~10 %
+    a team of worker threads per calling thread, and decodes from threads in turn were
     slower. An error there reaches the caller."""
     threads = set()
     decode_seqs = Context.decode_seqs

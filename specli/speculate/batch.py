@@ -69,8 +69,8 @@ class _Item:
 class DecodeThread:
     """One thread that makes every llama_decode of a batch (its target's and its draft model's
     contexts): llama.cpp's CPU backend (OpenMP) keeps a team of worker threads per calling
-    thread, and a decode called from the requests' threads in turn ran about 10 % slower than
-    from one thread (four sequences on the 1.5B target, the 2-core VM: 191 against 173 ms)."""
+    thread, and decodes called from the requests' threads in turn were slower than from one
+    thread (docs/benchmarks.md, "Many clients at once")."""
 
     def __init__(self):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
