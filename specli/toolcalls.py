@@ -1,6 +1,7 @@
 """Tool calls in the model's own syntax: the tools go into the prompt through the GGUF's chat
-template, the model's answer is parsed back into calls, and a call can be constrained to the
-function's parameter schema so its arguments always parse.
+template, and the model's answer is parsed back into calls (:mod:`specli.toolgrammar`
+constrains a call to its function's parameter schema, so its arguments always parse; the
+server streams calls with :mod:`specli.serve.toolstream`).
 
 Each model family writes calls its own way; :func:`detect` reads the family from the chat
 template (as llama.cpp's ``common/chat.cpp`` does):
@@ -24,15 +25,10 @@ import json
 import re
 import secrets
 import string
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from specli.constrain import JSON_OPTIONS, Constraint, tokenizer_for
 from specli.errors import SpecliError
 from specli.prompt import render_chat
-
-# a marker's text -> its token id when the vocabulary has it as one special token, else None
-Special = Callable[[str], "int | None"]
 
 
 class ToolsUnsupported(SpecliError):
@@ -79,22 +75,6 @@ def _json(obj) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
 
-def _lit(text: str, special: Special) -> str:
-    """A Lark atom for ``text``: the special token itself when the vocabulary has one (llguidance
-    never matches a special token with plain text), else the text."""
-    tid = special(text)
-    return f"<[{tid}]>" if tid is not None else json.dumps(text)
-
-
-def _call_schema(tools: list[Tool], args_key: str, extra: dict | None = None) -> dict:
-    """One call as a JSON object: its name (one of ``tools``) then its arguments, compact JSON."""
-    alts = [{"type": "object", "properties": {"name": {"const": t.name}, args_key: t.parameters, **(extra or {})},
-             "required": ["name", args_key], "additionalProperties": False} for t in tools]
-    schema = alts[0] if len(alts) == 1 else {"anyOf": alts}
-    return {**schema, "x-guidance": JSON_OPTIONS}
-
-
-TEXT = "TEXT: /(.|\\n)*/"
 # the start of a call object up to its arguments' first character: {"name": "NAME", "KEY": (NAME
 # a JSON string's body)
 HEAD = r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"%s"\s*:\s*(?=\S)'
@@ -181,26 +161,6 @@ class Format:
             return None
 
     # -- the constraint ------------------------------------------------------------------
-    def body(self, tools: list[Tool], special: Special) -> str:
-        """A call after its opening marker, as Lark."""
-        return f'"\\n" %json {_json(_call_schema(tools, self.args_key))} "\\n" {_lit(self.close, special)}'
-
-    def grammar(self, tools: list[Tool], forced: bool, parallel: bool, special: Special) -> str:
-        """A Lark grammar (llguidance) for the answer. ``forced``: nothing but calls; else free
-        text until a call opens, the call constrained from there (text may follow it)."""
-        opening = _lit(self.open, special)
-        if forced:
-            # a newline may follow a call, and then the model chooses: another call, or the end
-            more = ' ("\\n" call)* "\\n"?' if parallel else ' "\\n"?'
-            return f"start: call{more}\ncall: {opening} {self.body(tools, special)}\n"
-        rep = "*" if parallel else "?"
-        if opening.startswith("<["):  # text never holds a special token: the call starts at it
-            return (f"%llguidance {{}}\nstart: call{rep} TEXT\ncall: TEXT {opening} {self.body(tools, special)}\n"
-                    f"{TEXT}\n")
-        # a lazy lexeme ends as soon as it can: at the first opening
-        return (f"%llguidance {{}}\nstart: call{rep} TEXT\ncall: opened {self.body(tools, special)}\n"
-                f"opened[lazy]: TEXT {opening}\n{TEXT}\n")
-
     def new_id(self) -> str:
         return new_id()
 
@@ -291,16 +251,6 @@ class Llama3(Format):
     def tail(self) -> str:
         return "}"
 
-    def grammar(self, tools: list[Tool], forced: bool, parallel: bool, special: Special) -> str:
-        tag = special("<|python_tag|>")
-        call = ("call: " + (f"<[{tag}]>? " if tag is not None else "")
-                + f"%json {_json(_call_schema(tools, self.args_key))}\n")
-        if forced:
-            return "start: call\n" + call
-        # free text is anything that does not open with "{"; a call is the whole answer
-        return "start: call | PLAIN\n" + call + "PLAIN: /([^{](.|\\n)*)?/\n"
-
-
 class Mistral(Format):
     """Mistral: ``[TOOL_CALLS]`` (a control token: not in the text) then a JSON list of calls."""
 
@@ -343,14 +293,6 @@ class Mistral(Format):
             return len(text) - len(s.lstrip()) + json.JSONDecoder().raw_decode(s.lstrip())[1]
         except json.JSONDecodeError:
             return 0
-
-    def grammar(self, tools: list[Tool], forced: bool, parallel: bool, special: Special) -> str:
-        item = _call_schema(tools, self.args_key, {"id": {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}})
-        array = {"type": "array", "items": item, "minItems": 1, **({} if parallel else {"maxItems": 1})}
-        call = f"call: {_lit(self.open, special)} %json {_json(array)}\n"
-        if forced:
-            return "start: call\n" + call
-        return f"%llguidance {{}}\nstart: TEXT call?\n{call}{TEXT}\n"
 
     def head(self, text: str) -> tuple[str, int] | None:
         return None  # a list of calls: each is sent once the list is complete
@@ -395,127 +337,6 @@ def parse(text: str, fmt: Format) -> tuple[str, list[ToolCall]]:
         if c.id.startswith("call_"):
             c.id = fmt.new_id()
     return content, calls
-
-
-def constraint_for(tools: list[Tool], choice: str | dict, fmt: Format, special: Special,
-                   parallel: bool = True) -> Constraint | None:
-    """The constraint for ``tool_choice``: ``required`` (one or more calls to any tool), a named
-    function (one call to it), ``auto`` (free text, a call constrained once the model opens
-    one), ``none`` (no constraint: the tools are not offered)."""
-    if choice == "none" or not tools:
-        return None
-    if isinstance(choice, dict):
-        name = choice["function"]["name"]
-        tools = [t for t in tools if t.name == name]
-        return Constraint.lark(fmt.grammar(tools, forced=True, parallel=False, special=special))
-    return Constraint.lark(fmt.grammar(tools, forced=choice == "required", parallel=parallel, special=special))
-
-
-class OpeningStream:
-    """Content sent as it comes until a tool call opens: text that may be the opening of one
-    is held back until the next text decides (the base of :class:`ToolStream` and of the
-    Ollama API's whole-call stream)."""
-
-    def __init__(self, fmt: Format):
-        self.fmt, self.buf, self.opened = fmt, "", False
-
-    def content(self, text: str) -> str:
-        """Take ``text``; the content that is safe to send now (up to a call's opening, after
-        which ``opened`` is set and the rest waits in ``buf``)."""
-        self.buf += text
-        if self.opened:
-            return ""
-        i = self.fmt.opening(self.buf)
-        if i is None:
-            keep = len(self.buf) - self.fmt.could_open(self.buf)
-            out, self.buf = self.buf[:keep], self.buf[keep:]
-            return out
-        out, self.buf, self.opened = self.buf[:i], self.buf[i:], True
-        return out
-
-
-class ToolStream(OpeningStream):
-    """A streamed answer split into content, sent as it comes (text that may open a call is
-    held back until the next text decides), and tool calls, streamed as OpenAI streams them:
-    a delta ``{index, id, type, function: {name, arguments: ""}}`` once the call's name is
-    written, then its arguments piece by piece as the model writes them (text that may be the
-    call's closing held back). Mistral's calls, a JSON list, are sent once the list is complete."""
-
-    def __init__(self, fmt: Format):
-        super().__init__(fmt)
-        self.n_calls = 0
-        self.cur: tuple[int, int, str] | None = None  # the call being streamed: index, arguments' start, sent
-
-    def feed(self, text: str) -> tuple[str, list[dict]]:
-        """The content to send now, and the tool-call deltas."""
-        out = self.content(text)
-        if not self.opened:
-            return out, []
-        deltas: list[dict] = []
-        while True:
-            if self.cur is None:
-                lead = len(self.buf) - len(self.buf.lstrip())
-                h = self.fmt.head(self.buf[lead:])
-                if h is None:  # not a call's start (yet), or a format whose calls go whole
-                    end = self.fmt.complete(self.buf)
-                    if not end:
-                        return out, deltas
-                    content, calls = parse(self.buf[:end], self.fmt)
-                    self.buf = self.buf[end:]
-                    out += content
-                    deltas += self._whole(calls)
-                    continue
-                deltas.append({"index": self.n_calls, "id": self.fmt.new_id(), "type": "function",
-                               "function": {"name": h[0], "arguments": ""}})
-                self.cur = (self.n_calls, lead + h[1], "")
-                self.n_calls += 1
-            idx, start, sent = self.cur
-            end = self.fmt.complete(self.buf)
-            if end:  # the call is complete: the rest of its arguments
-                rest = self.fmt.arguments_text(self.buf[:end], start)[len(sent):]
-                self.buf, self.cur = self.buf[end:], None
-            else:
-                avail = self.buf[start:]
-                hold = max((k for k in range(1, len(self.fmt.tail) + 1) if avail.endswith(self.fmt.tail[:k])),
-                           default=0)
-                rest = avail[len(sent):len(avail) - hold]
-                self.cur = (idx, start, sent + rest)
-            if rest:
-                deltas.append({"index": idx, "function": {"arguments": rest}})
-            if self.cur is not None:
-                return out, deltas
-
-    def flush(self) -> tuple[str, list[dict]]:
-        """What is left at the end: the rest of the content, a call cut short, a last whole call."""
-        if self.cur is not None:  # cut short (max_tokens): what was written of its arguments
-            idx, start, sent = self.cur
-            rest, self.buf, self.cur = self.buf[start + len(sent):], "", None
-            return "", [{"index": idx, "function": {"arguments": rest}}] if rest else []
-        content, calls = parse(self.buf, self.fmt)
-        self.buf = ""
-        if self.n_calls and not calls:
-            content = content.strip()
-        return content, self._whole(calls)
-
-    def _whole(self, calls: list[ToolCall]) -> list[dict]:
-        out = []
-        for c in calls:
-            out.append({"index": self.n_calls, "id": c.id, "type": "function",
-                        "function": {"name": c.name, "arguments": ""}})
-            out.append({"index": self.n_calls, "function": {"arguments": c.arguments_json()}})
-            self.n_calls += 1
-        return out
-
-
-def special_tokens(model) -> Special:
-    """``Special`` for a loaded model: a text that is one token of its vocabulary which
-    llguidance counts as special (a control token, or a ``<...>`` user-defined one)."""
-    tok = tokenizer_for(model)
-
-    def special(text: str) -> int | None:
-        toks = model.tokenize(text, add_special=False, parse_special=True)
-        return toks[0] if len(toks) == 1 and tok.is_special_token(toks[0]) else None
-    return special
 
 
 def _args(fn: dict) -> dict:

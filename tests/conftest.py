@@ -76,22 +76,22 @@ def real_model():
 @pytest.fixture(scope="module")
 def served(session):
     """The API over the module's session, on a loopback port in this process: (url, app)."""
+    from servehelp import hooked_worker
+
     from specli.serve.app import create_app
     from specli.serve.runner import background
-    app = create_app(session, queue=8)
+    app = create_app(session, worker=hooked_worker(session, queue=8))
     with background(app) as url:
         yield url, app
 
 
 @pytest.fixture
 def worker(served):
-    """The server's worker; the hooks, queue limit and admission a test set are undone after it."""
+    """The server's worker (servehelp's, with hooks); the hooks, queue limit and admission a
+    test set are undone after it."""
     w = served[1].state.worker
     yield w
-    w.before_job = w.after_chunk = None
-    w.limit = 8
-    if hasattr(w, "release"):  # a ParallelWorker a test held
-        w.release()
+    w.reset(limit=8)
 
 
 @pytest.fixture

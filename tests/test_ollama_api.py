@@ -14,10 +14,12 @@ import ollama
 import pytest
 from clihelp import specli
 from pydantic import BaseModel, Field
+from servehelp import hooked_worker
 
 from specli.serve.app import create_app
-from specli.serve.ollama import CallStream, parameter_size
+from specli.serve.ollama_card import parameter_size
 from specli.serve.runner import background
+from specli.serve.toolstream import CallStream
 from specli.session import Options, Session
 from specli.toolcalls import FORMATS
 
@@ -270,8 +272,8 @@ def test_api_key_required_when_set(session, served):
 
 
 def test_full_queue_and_shutdown_are_ollama_errors(session):
-    app = create_app(session, queue=0)
-    worker = app.state.worker
+    worker = hooked_worker(session, queue=0)
+    app = create_app(session, worker=worker)
     # the generation holds at its first chunk until something cancels it
     worker.after_chunk = lambda job, n: job.cancel_requested.wait(60)
     with background(app) as url:

@@ -15,6 +15,7 @@ import openai
 import pytest
 from clihelp import specli
 from nearties import assert_same_or_near_tie, tokens_of_text
+from servehelp import health, hooked_worker
 
 from specli.serve.app import create_app
 from specli.serve.runner import background, is_loopback
@@ -41,10 +42,6 @@ def run_json(tiny_target, tiny_draft, *args) -> dict:
 
 def chat(client, model_id, text=PROMPT, **kw):
     return client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": text}], **kw)
-
-
-def health(served) -> dict:
-    return httpx.get(served[0] + "/health").json()
 
 
 def test_chat_greedy_is_specli_run_streamed_or_not(client, model_id, tiny_target, tiny_draft):
@@ -222,8 +219,8 @@ def test_api_key_required_when_set(session, served):
 
 
 def test_shutdown_stops_a_running_generation(session):
-    app = create_app(session)
-    worker = app.state.worker
+    worker = hooked_worker(session)
+    app = create_app(session, worker=worker)
     worker.after_chunk = lambda job, n: job.cancel_requested.wait(60)  # held until something cancels it
     with background(app) as url:
         c = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)

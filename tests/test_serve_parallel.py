@@ -13,7 +13,7 @@ import httpx
 import ollama
 import pytest
 from pydantic import BaseModel, Field
-from test_serve import health
+from servehelp import health
 
 from specli.session import Options, Session
 
@@ -163,7 +163,7 @@ def test_a_client_that_leaves_during_its_prompt_frees_its_slot_before_the_prompt
 
     def hook(job, n):
         seen.append(n)
-        slots.append(worker._mine.slot)  # the hook runs on the job's own thread
+        slots.append(worker.current_slot())  # the hook runs on the job's own thread
         first.set()
         job.cancel_requested.wait(60)  # until the server has seen its client leave
 

@@ -19,12 +19,14 @@ from conftest import TARGET_KW, TEST_CACHE
 from pydantic import BaseModel, Field
 from tinymodels import tiny_model
 
-from specli import toolcalls
+from specli import toolcalls, toolgrammar
 from specli.engine import Context, ContextConfig
-from specli.serve.app import Prompter, create_app
+from specli.serve.app import create_app
 from specli.serve.runner import background
+from specli.serve.shared import Prompter
+from specli.serve.toolstream import ToolStream
 from specli.session import Options, Session
-from specli.toolcalls import FORMATS, Tool, ToolStream
+from specli.toolcalls import FORMATS, Tool
 
 CTX = 2048
 QWEN_TEMPLATE = (Path(__file__).parent / "templates" / "qwen2.5.jinja").read_text()
@@ -255,7 +257,7 @@ def test_auto_grammar_constrains_only_after_the_opening(server):
     sess = server[2]
     model = sess.target
     tools = [Tool.from_openai(WEATHER)]
-    c = toolcalls.constraint_for(tools, "auto", FORMATS["fallback"], toolcalls.special_tokens(model))
+    c = toolgrammar.constraint_for(tools, "auto", FORMATS["fallback"], toolgrammar.special_tokens(model))
     c.check()
 
     def accepts(text: str) -> bool:

@@ -6,9 +6,9 @@ answering its request, and stops between chunks when its client has gone. With
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specli.constrain import Constraint
@@ -97,12 +97,7 @@ class Job:
 
 class Worker:
     """Serves jobs one at a time on ``session``. At most ``queue`` jobs wait behind the one
-    generating; :meth:`submit` raises :class:`QueueFull` beyond that.
-
-    ``before_job(job)`` and ``after_chunk(job, n)`` are called on the worker thread before a
-    generation starts and after its n-th chunk has been handed on; ``prompt_chunk(job, n)``
-    (``--parallel``) after the n-th chunk of its prompt went in, when more follow (tests hold
-    a generation there)."""
+    generating; :meth:`submit` raises :class:`QueueFull` beyond that."""
 
     slots = 1  # jobs generating at once
 
@@ -115,9 +110,6 @@ class Worker:
         self._stopping = False
         self.active: Job | None = None
         self.served = self.cancelled = self.rejected = self.failed = self.submitted = 0
-        self.before_job: Callable[[Job], None] | None = None
-        self.after_chunk: Callable[[Job, int], None] | None = None
-        self.prompt_chunk: Callable[[Job, int], None] | None = None
 
     # -- the event loop's side ---------------------------------------------------------
     def start(self) -> None:
@@ -158,6 +150,11 @@ class Worker:
                     "failed": self.failed}
 
     @property
+    def drafter(self) -> str:
+        """The name of the drafter the generations use."""
+        return self.session.drafter.name
+
+    @property
     def n_active(self) -> int:
         return int(self.active is not None)
 
@@ -184,8 +181,6 @@ class Worker:
             self._count("cancelled")
             job.put(Event("cancelled"))
             return
-        if self.before_job is not None:
-            self._hook(self.before_job, job)
         try:
             finish, stats = self._generate(job)
         except Interrupted:  # its client left while its prompt went in, chunk by chunk
@@ -216,9 +211,7 @@ class Worker:
                     job.put(Event("text", text, logprobs=ch.logprobs))
                 if stopped:
                     break
-                if self.after_chunk is not None:
-                    self._hook(self.after_chunk, job, n)
-                if job.cancelled:
+                if not self._go_on(job, n):
                     cancelled = True
                     break
         finally:
@@ -235,11 +228,13 @@ class Worker:
         return self.session.generate(job.prompt, job.params, job.max_tokens, exact_prefill=True,
                                      constraint=job.constraint, logprobs=job.logprobs)
 
+    def _go_on(self, job: Job, n: int) -> bool:
+        """After the job's ``n``-th chunk was handed on: whether to generate the next (not
+        once its client has gone)."""
+        return not job.cancelled
+
     def _reset(self) -> None:
         self.session.ctx.clear()
-
-    def _hook(self, hook: Callable, *args) -> None:
-        hook(*args)
 
     def _count(self, what: str) -> None:
         with self._cond:
@@ -251,8 +246,7 @@ class ParallelWorker(Worker):
     over the session's context of that many sequences): the worker thread admits waiting jobs
     into free slots between steps, each on its own thread; a job that ends or whose client
     has gone frees its slot at its next step (or its prompt's next chunk). At most ``queue``
-    jobs wait behind the running ones. ``hold()``/``release()``: admit nothing meanwhile
-    (tests start several together)."""
+    jobs wait behind the running ones."""
 
     def __init__(self, session: Session, queue: int = 8):
         super().__init__(session, queue)
@@ -260,24 +254,27 @@ class ParallelWorker(Worker):
         self.batch = Batch(session, self.slots)
         self.running: list[Job] = []
         self._threads: list[threading.Thread] = []
-        self._open = True
         self._mine = threading.local()  # the slot of the job the current thread serves
 
     @property
     def n_active(self) -> int:
         return len(self.running)
 
+    @property
+    def drafter(self) -> str:
+        """The name of the drafter the slots use (each slot builds its own, of one mode)."""
+        return self.batch.slots[0].drafter.name
+
     def _current(self) -> list[Job]:
         return list(self.running)
 
-    def hold(self) -> None:
-        with self._cond:
-            self._open = False
+    def current_slot(self) -> Slot:
+        """The slot of the job the calling thread serves."""
+        return self._mine.slot
 
-    def release(self) -> None:
-        with self._cond:
-            self._open = True
-            self._cond.notify_all()
+    def _admits(self) -> bool:
+        """Whether a waiting job may take a slot now (called holding the queue's lock)."""
+        return len(self.running) < self.slots
 
     def status(self) -> dict:
         return {**super().status(), "parallel": self.slots, "batch": self.batch.stats()}
@@ -289,13 +286,13 @@ class ParallelWorker(Worker):
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and (not self._jobs or not self._open or len(self.running) >= self.slots):
+                while not self._stopping and (not self._jobs or not self._admits()):
                     self._cond.wait()
                 if self._stopping:
                     dropped, self._jobs = list(self._jobs), deque()
                     break
                 take: list[tuple[Job, Slot]] = []
-                while self._jobs and len(self.running) < self.slots:
+                while self._jobs and self._admits():
                     job = self._jobs.popleft()
                     take.append((job, self.batch.acquire(job.prompt)))
                     self.running.append(job)
@@ -323,26 +320,19 @@ class ParallelWorker(Worker):
                 self._cond.notify_all()
 
     def _start(self, job: Job) -> Response:
-        slot = self._mine.slot
-        chunks = 0
-
-        def gone() -> bool:  # between two chunks of the prompt: is its client gone?
-            nonlocal chunks
-            chunks += 1
-            if self.prompt_chunk is not None:
-                self._hook(self.prompt_chunk, job, chunks)
-            return job.cancelled
-
-        slot.ctx.interrupt = gone
-        return self.batch.generate(self._mine.slot, job.prompt, job.params, job.max_tokens, exact_prefill=True,
+        slot = self.current_slot()
+        chunks = itertools.count(1)
+        slot.ctx.interrupt = lambda: not self._prompt_go_on(job, next(chunks))
+        return self.batch.generate(slot, job.prompt, job.params, job.max_tokens, exact_prefill=True,
                                    constraint=job.constraint, logprobs=job.logprobs)
 
-    def _reset(self) -> None:
-        self._mine.slot.ctx.clear()
+    def _prompt_go_on(self, job: Job, n: int) -> bool:
+        """After the ``n``-th chunk of the job's prompt went in, more to follow: whether to
+        go on (not once its client has gone)."""
+        return not job.cancelled
 
-    def _hook(self, hook: Callable, *args) -> None:
-        with self.batch.away(self._mine.slot):  # the others' steps go on meanwhile
-            hook(*args)
+    def _reset(self) -> None:
+        self.current_slot().ctx.clear()
 
 
 def make_worker(session: Session, queue: int = 8) -> Worker:
