@@ -187,3 +187,12 @@ def test_a_client_that_leaves_during_its_prompt_frees_its_slot_before_the_prompt
     assert now["cancelled"] == before["cancelled"] + 1 and now["failed"] == before["failed"]
     assert now["active"] == 0 and not slots[0].busy
     assert len(slots[0].ctx.tokens) == slots[0].ctx.n_batch  # its first chunk, cached; no more
+
+
+def test_api_show_names_the_drafter_the_slots_use(served, session, model_id, worker):
+    """With --parallel the session builds no drafter of its own (each slot builds its own):
+    /api/show and the start-up line name the slots', not "none"."""
+    assert worker.drafter == session.draft.mode.name != "none"
+    show = httpx.post(served[0] + "/api/show", json={"model": model_id}).json()
+    assert f"# served by specli (drafter: {worker.drafter})" in show["modelfile"]
+    assert served[1].state.served.drafter == worker.drafter
