@@ -13,12 +13,18 @@ from clihelp import specli
 
 from specli.cli import bench as bench_cli
 from specli.cli import chat as chat_cli
+from specli.cli import export as export_cli
 from specli.cli import run as run_cli
+from specli.cli import serve as serve_cli
+from specli.hardware.placement import for_slots, place
 from specli.measure.bench import run_bench
-from specli.session import Options
+from specli.options import Options
+from specli.resolve.choose import DraftPlan, choose_models
+from specli.session import Session
 from specli.speculate.controller import Controller
 from specli.speculate.drafters import ModelDrafter
 from specli.speculate.loop import generate
+from specli.speculate.registry import DraftKind, mode_for
 from specli.speculate.settings import DEFAULTS, SpecSettings
 
 
@@ -101,3 +107,58 @@ def test_a_profile_fills_only_the_options_not_typed(tmp_path, tiny_target):
     assert rc == 0, err
     s = json.loads(out)["settings"]
     assert (s["draft_max"], s["ctx"]) == (16, 1024)  # typed, even where equal to the default
+
+
+def test_choose_place_and_run_are_steps_apart(tiny_target, tiny_draft):
+    """The models are chosen, then placed, before anything loads (a pool of models plans its
+    memory across models between the two); a session runs a placement it is given."""
+    opts = Options(target=tiny_target, draft=tiny_draft, vram="4GiB")
+    choice = choose_models(opts)
+    assert choice.target == tiny_target and choice.draft.draft_path == tiny_draft and choice.profile is None
+    placed = place(opts, choice)
+    assert placed.draft.mode.name == "hybrid" and placed.target_gpu_layers == -1
+    assert placed.report()["drafter"] == "hybrid" and placed.report()["budget_source"] == "--vram"
+    sess = Session(opts, placement=placed)
+    try:
+        assert sess.placed is placed and sess.drafter.name == sess.drafter_name == "hybrid"
+        assert sess.placement() == placed.report() and sess.draft_path == tiny_draft
+    finally:
+        sess.close()
+
+
+def test_no_lookup_lands_in_its_own_field(tiny_target, tiny_draft):
+    opts = Options(target=tiny_target, draft=tiny_draft, lookup=False)
+    assert choose_models(opts).draft.mode.name == "model"
+    rc, out, err = specli("run", "--target", tiny_target, "--draft", tiny_draft, "--no-lookup", "--plan")
+    assert rc == 0 and "drafter: model" in out, err
+    rc, out, err = specli("run", "--target", tiny_target, "--draft", tiny_draft, "--no-lookup", "-n", "4", "--raw",
+                          "--json", "--prompt", "Hello")
+    assert rc == 0, err
+    assert json.loads(out)["settings"]["lookup"] is False and json.loads(out)["stats"]["mode"] == "model"
+
+
+def test_the_shared_options_build_one_options_record():
+    """run, chat, bench, serve and export read their model options in one place: the same
+    parameters, each typed once (a command without one keeps Options' default)."""
+    shared = {"target", "draft", "draft_max", "ctx", "threads", "gpu_layers", "vram"}
+    for cmd in (run_cli.run, chat_cli.chat, bench_cli.bench, serve_cli.serve, export_cli.export):
+        params = inspect.signature(cmd).parameters
+        assert shared <= set(params), cmd.__name__
+        assert "click_ctx" in params, cmd.__name__  # model_options reads what the user typed
+
+
+def test_parallel_slots_name_the_drafter_they_use(tiny_target):
+    """With --parallel, a drafting head's modes fall back to prompt lookup (a head drafts from
+    one sequence's hidden states), and the session names the slots' drafter, not its own (it
+    builds none)."""
+    notes: list[str] = []
+    head = DraftPlan(mode_for(DraftKind.MTP_LOOKUP, True), head="head.gguf")
+    assert for_slots(head, 1, notes) is head and not notes
+    assert for_slots(head, 2, notes).mode.name == "lookup" and "--parallel 2: mtp drafts" in notes[0]
+    model = DraftPlan(mode_for(DraftKind.HYBRID, False), draft_path="d.gguf")
+    assert for_slots(model, 4, notes) is model
+    sess = Session(Options(target=tiny_target, draft="lookup", parallel=2))
+    try:
+        assert sess.drafter.name == "none" and sess.drafter_name == "lookup"
+    finally:
+        sess.close()
