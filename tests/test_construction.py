@@ -5,11 +5,13 @@ models ran."""
 import inspect
 import json
 import os
+import signal
 import stat
 import sys
 
 import pexpect
 from clihelp import specli
+from faulthelp import start, wait_for
 
 from specli.cli import bench as bench_cli
 from specli.cli import chat as chat_cli
@@ -162,3 +164,15 @@ def test_parallel_slots_name_the_drafter_they_use(tiny_target):
         assert sess.drafter.name == "none" and sess.drafter_name == "lookup"
     finally:
         sess.close()
+
+
+def test_serve_parallel_names_the_slots_drafter_at_start(tiny_target):
+    proc = start("serve", "--target", tiny_target, "--draft", "lookup", "--fixed", "--parallel", "2", "--port", "0",
+                 "--ctx", "256", env=dict(os.environ))
+    try:
+        lines: list[str] = []
+        wait_for("the server to listen", lambda: lines.append(proc.stderr.readline()) or "serving" in lines[-1], 120)
+        assert "(drafter: lookup-fixed, 2 slots)" in lines[-1], lines
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
