@@ -176,3 +176,18 @@ def test_serve_parallel_names_the_slots_drafter_at_start(tiny_target):
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(60)
+
+
+def test_a_placement_counts_its_parts_before_loading(tiny_target, tiny_draft):
+    """What a placement will hold, per part, from the headers: a pool of models adds these up
+    (a file two placements share counted once) before it loads anything."""
+    gpu = place(Options(target=tiny_target, draft=tiny_draft, vram="4GiB"),
+                choose_models(Options(target=tiny_target, draft=tiny_draft)))
+    fp = gpu.footprint()
+    state = f"{tiny_target}#state"
+    assert set(fp.gpu) == {tiny_target, tiny_draft, state} and all(v > 0 for v in fp.gpu.values())
+    assert set(fp.host) == {tiny_target, tiny_draft}  # the token embeddings stay in host memory
+    assert fp.gpu[state] < gpu.footprint(parallel=4).gpu[state]  # a KV cache per slot
+    opts = Options(target=tiny_target, draft=tiny_draft, gpu_layers=0)
+    cpu = place(opts, choose_models(opts)).footprint()
+    assert not cpu.gpu and cpu.host[state] > 0 and cpu.host[tiny_target] > fp.host[tiny_target]

@@ -11,7 +11,14 @@ from dataclasses import dataclass
 
 from specli.hardware import calibrate
 from specli.hardware.devices import Hardware, detect
-from specli.hardware.plan import Plan, available_ram, check_host_memory, make_plan, memory_from_header
+from specli.hardware.plan import (
+    ModelMemory,
+    Plan,
+    available_ram,
+    check_host_memory,
+    make_plan,
+    memory_from_header,
+)
 from specli.options import Options
 from specli.resolve.choose import Choice, DraftPlan
 from specli.resolve.gguf_header import read_gguf
@@ -62,6 +69,28 @@ def for_slots(draft: DraftPlan, parallel: int, notes: list[str]) -> DraftPlan:
 
 
 @dataclass(frozen=True)
+class Footprint:
+    """Bytes per part in host memory (``host``) and on the GPU (``gpu``), keyed by what the part
+    is: a model file's weights by its path, a context's KV cache and buffers by its own key."""
+
+    host: dict[str, int]
+    gpu: dict[str, int]
+
+    def add(self, mem: ModelMemory, path: str, n_gpu_layers: int, n_ctx: int, state: str) -> None:
+        """A model of ``path`` with ``n_gpu_layers`` on the GPU and a context of ``n_ctx``
+        tokens: its weights under ``path``, its KV cache and buffers added under ``state``."""
+        full = n_gpu_layers < 0 or n_gpu_layers > mem.n_layer  # ModelMemory's rule: buffers on the GPU
+        gpu_total, host_total = mem.gpu_bytes(n_gpu_layers, n_ctx), mem.cpu_bytes(n_gpu_layers, n_ctx)
+        gpu_w = mem.gpu_bytes(n_gpu_layers, 0) - mem.compute() if gpu_total else 0
+        host_w = mem.cpu_bytes(n_gpu_layers, 0) - (0 if full else mem.compute())
+        for where, w, total in ((self.gpu, gpu_w, gpu_total), (self.host, host_w, host_total)):
+            if w:
+                where[path] = w
+            if total - w:
+                where[state] = where.get(state, 0) + total - w
+
+
+@dataclass(frozen=True)
 class Placement:
     """A choice, placed: the hardware plan, the drafter that runs and the layers each model
     puts on the GPU. Everything a session needs before it loads a byte."""
@@ -77,6 +106,23 @@ class Placement:
     @property
     def target(self) -> str:
         return self.choice.target
+
+    def footprint(self, parallel: int = 1) -> Footprint:
+        """The bytes this placement holds once loaded, per part, in host and GPU memory (from the
+        headers: the plan's own estimate): each model file's weights keyed by its path, so
+        placements that share a file can count it once, and the contexts' KV caches and buffers
+        keyed by the target's path and ``#state`` (``parallel`` sequences of ``n_ctx`` tokens)."""
+        fp = Footprint({}, {})
+        kv_ctx = self.n_ctx * max(1, parallel)
+        state = f"{self.target}#state"
+        fp.add(memory_from_header(read_gguf(self.target)), self.target, self.target_gpu_layers, kv_ctx, state)
+        if self.draft.draft_path:
+            fp.add(memory_from_header(read_gguf(self.draft.draft_path)), self.draft.draft_path,
+                   self.draft_gpu_layers, kv_ctx, state)
+        if self.draft.head:  # placed as the target: it reads the target's state
+            fp.add(memory_from_header(read_gguf(self.draft.head)), self.draft.head, self.target_gpu_layers,
+                   kv_ctx, state)
+        return fp
 
     def report(self) -> dict:
         """Where each model runs, for reports (run --json, bench)."""
