@@ -191,3 +191,24 @@ def test_a_placement_counts_its_parts_before_loading(tiny_target, tiny_draft):
     opts = Options(target=tiny_target, draft=tiny_draft, gpu_layers=0)
     cpu = place(opts, choose_models(opts)).footprint()
     assert not cpu.gpu and cpu.host[state] > 0 and cpu.host[tiny_target] > fp.host[tiny_target]
+
+
+def test_model_options_reads_the_typed_options_a_command_declares():
+    import typer
+    from typer.testing import CliRunner
+
+    from specli.cli.common import AdaptiveOpt, CtxOpt, DraftMaxOpt, DraftOpt, LookupOpt, TargetOpt, model_options
+
+    app, got = typer.Typer(), []
+
+    @app.command()
+    def cmd(click_ctx: typer.Context, target: TargetOpt = None, draft: DraftOpt = "auto",
+            draft_max: DraftMaxOpt = DEFAULTS.draft_max, adaptive: AdaptiveOpt = True, lookup: LookupOpt = True,
+            ctx: CtxOpt = 4096):
+        got.append(model_options(click_ctx))
+
+    r = CliRunner().invoke(app, ["-m", "t.gguf", "--draft", "lookup", "--no-lookup", "--fixed", "--ctx", "4096"])
+    assert r.exit_code == 0, r.output
+    o = got[0]
+    assert (o.target, o.draft, o.lookup, o.n_ctx, o.parallel, o.vram) == ("t.gguf", "lookup", False, 4096, 1, None)
+    assert o.spec == SpecSettings(adaptive=False) and o.given == {"ctx"}  # typed, though equal to the default
