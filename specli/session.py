@@ -14,12 +14,12 @@ from specli.engine import Context, ContextConfig, Model
 from specli.errors import SpecliError
 from specli.hardware import calibrate
 from specli.hardware.devices import Hardware
-from specli.hardware.placement import Placement, place
+from specli.hardware.placement import Placement, gpu_layers, place, plan_for
 from specli.hardware.plan import Plan
 from specli.options import Options
 from specli.prompt import build_prompt
 from specli.resolve import vocab
-from specli.resolve.choose import DraftPlan, choose_models
+from specli.resolve.choose import DraftPlan, apply_profile_defaults, choose_models
 from specli.resolve.profiles import Profile
 from specli.speculate import registry
 from specli.speculate.adaptive import lookup_drafter
@@ -31,7 +31,9 @@ from specli.speculate.registry import DraftKind, DraftMode
 from specli.speculate.settings import SpecSettings
 from specli.speculate.verify import SamplingParams
 
-__all__ = ["DraftPlan", "Options", "Session"]
+# the steps' names where they were first imported from (their homes: options, resolve.choose,
+# hardware.placement)
+__all__ = ["DraftPlan", "Options", "Session", "apply_profile_defaults", "choose_models", "gpu_layers", "plan_for"]
 
 
 class Session:
