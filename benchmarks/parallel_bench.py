@@ -204,7 +204,8 @@ class ModelPaths:
 
 def model_paths(a) -> ModelPaths:
     """The pair ``specli serve`` loads for these options (resolved as it does), for llama-server."""
-    from specli.session import Options, choose_models
+    from specli.options import Options
+    from specli.resolve.choose import choose_models
 
     tpath, asked, _ = choose_models(Options(target=a.target, draft=a.draft, profile=None if a.target else a.profile))
     return ModelPaths(tpath, asked.draft_path)

@@ -1,9 +1,9 @@
 """The command line that serves the same target/draft pair, with speculative decoding, on
 another engine: llama.cpp's ``llama-server``, vLLM, SGLang or LM Studio.
 
-The pair is chosen exactly as ``specli run`` chooses it (:func:`specli.session.choose_models`,
+The pair is chosen exactly as ``specli run`` chooses it (:func:`specli.resolve.choose.choose_models`,
 profiles and ``--draft auto`` included, tokenizers checked), the GPU placement comes from the
-same hardware plan (:func:`specli.session.plan_for`), and the draft length is this machine's
+same hardware plan (:func:`specli.hardware.placement.plan_for`), and the draft length is this machine's
 measured choice: the controller's best length (:func:`specli.speculate.controller.best_length`)
 over the verify and draft costs specli calibrated here (``specli run`` stores them), at a
 typical 80% acceptance. Engines draft a fixed length per step, so this is the one length
@@ -117,7 +117,8 @@ def pair_for(opts, progress: Callable[[str], None] | None = None, hf_target: str
              hf_draft: str | None = None) -> Pair:
     """Resolve the pair as ``specli run`` would (downloading what is not cached, as ``--plan``
     does), plan its placement, and choose the draft lengths from this machine's measurements."""
-    from specli.session import choose_models, gpu_layers, plan_for
+    from specli.hardware.placement import gpu_layers, plan_for
+    from specli.resolve.choose import choose_models
 
     if opts.draft == "none":
         raise SpecliError("--draft none is plain decoding: nothing to export (name a draft model, "

@@ -5,20 +5,28 @@ models ran."""
 import inspect
 import json
 import os
+import signal
 import stat
 import sys
 
 import pexpect
 from clihelp import specli
+from faulthelp import start, wait_for
 
 from specli.cli import bench as bench_cli
 from specli.cli import chat as chat_cli
+from specli.cli import export as export_cli
 from specli.cli import run as run_cli
+from specli.cli import serve as serve_cli
+from specli.hardware.placement import for_slots, place
 from specli.measure.bench import run_bench
-from specli.session import Options
+from specli.options import Options
+from specli.resolve.choose import DraftPlan, choose_models
+from specli.session import Session
 from specli.speculate.controller import Controller
 from specli.speculate.drafters import ModelDrafter
 from specli.speculate.loop import generate
+from specli.speculate.registry import DraftKind, mode_for
 from specli.speculate.settings import DEFAULTS, SpecSettings
 
 
@@ -101,3 +109,106 @@ def test_a_profile_fills_only_the_options_not_typed(tmp_path, tiny_target):
     assert rc == 0, err
     s = json.loads(out)["settings"]
     assert (s["draft_max"], s["ctx"]) == (16, 1024)  # typed, even where equal to the default
+
+
+def test_choose_place_and_run_are_steps_apart(tiny_target, tiny_draft):
+    """The models are chosen, then placed, before anything loads (a pool of models plans its
+    memory across models between the two); a session runs a placement it is given."""
+    opts = Options(target=tiny_target, draft=tiny_draft, vram="4GiB")
+    choice = choose_models(opts)
+    assert choice.target == tiny_target and choice.draft.draft_path == tiny_draft and choice.profile is None
+    placed = place(opts, choice)
+    assert placed.draft.mode.name == "hybrid" and placed.target_gpu_layers == -1
+    assert placed.report()["drafter"] == "hybrid" and placed.report()["budget_source"] == "--vram"
+    sess = Session(opts, placement=placed)
+    try:
+        assert sess.placed is placed and sess.drafter.name == sess.drafter_name == "hybrid"
+        assert sess.placement() == placed.report() and sess.draft_path == tiny_draft
+    finally:
+        sess.close()
+
+
+def test_no_lookup_lands_in_its_own_field(tiny_target, tiny_draft):
+    opts = Options(target=tiny_target, draft=tiny_draft, lookup=False)
+    assert choose_models(opts).draft.mode.name == "model"
+    rc, out, err = specli("run", "--target", tiny_target, "--draft", tiny_draft, "--no-lookup", "--plan")
+    assert rc == 0 and "drafter: model" in out, err
+    rc, out, err = specli("run", "--target", tiny_target, "--draft", tiny_draft, "--no-lookup", "-n", "4", "--raw",
+                          "--json", "--prompt", "Hello")
+    assert rc == 0, err
+    assert json.loads(out)["settings"]["lookup"] is False and json.loads(out)["stats"]["mode"] == "model"
+
+
+def test_the_shared_options_build_one_options_record():
+    """run, chat, bench, serve and export read their model options in one place: the same
+    parameters, each typed once (a command without one keeps Options' default)."""
+    shared = {"target", "draft", "draft_max", "ctx", "threads", "gpu_layers", "vram"}
+    for cmd in (run_cli.run, chat_cli.chat, bench_cli.bench, serve_cli.serve, export_cli.export):
+        params = inspect.signature(cmd).parameters
+        assert shared <= set(params), cmd.__name__
+        assert "click_ctx" in params, cmd.__name__  # model_options reads what the user typed
+
+
+def test_parallel_slots_name_the_drafter_they_use(tiny_target):
+    """With --parallel, a drafting head's modes fall back to prompt lookup (a head drafts from
+    one sequence's hidden states), and the session names the slots' drafter, not its own (it
+    builds none)."""
+    notes: list[str] = []
+    head = DraftPlan(mode_for(DraftKind.MTP_LOOKUP, True), head="head.gguf")
+    assert for_slots(head, 1, notes) is head and not notes
+    assert for_slots(head, 2, notes).mode.name == "lookup" and "--parallel 2: mtp drafts" in notes[0]
+    model = DraftPlan(mode_for(DraftKind.HYBRID, False), draft_path="d.gguf")
+    assert for_slots(model, 4, notes) is model
+    sess = Session(Options(target=tiny_target, draft="lookup", parallel=2))
+    try:
+        assert sess.drafter.name == "none" and sess.drafter_name == "lookup"
+    finally:
+        sess.close()
+
+
+def test_serve_parallel_names_the_slots_drafter_at_start(tiny_target):
+    proc = start("serve", "--target", tiny_target, "--draft", "lookup", "--fixed", "--parallel", "2", "--port", "0",
+                 "--ctx", "256", env=dict(os.environ))
+    try:
+        lines: list[str] = []
+        wait_for("the server to listen", lambda: lines.append(proc.stderr.readline()) or "serving" in lines[-1], 120)
+        assert "(drafter: lookup-fixed, 2 slots)" in lines[-1], lines
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+
+
+def test_a_placement_counts_its_parts_before_loading(tiny_target, tiny_draft):
+    """What a placement will hold, per part, from the headers: a pool of models adds these up
+    (a file two placements share counted once) before it loads anything."""
+    gpu = place(Options(target=tiny_target, draft=tiny_draft, vram="4GiB"),
+                choose_models(Options(target=tiny_target, draft=tiny_draft)))
+    fp = gpu.footprint()
+    state = f"{tiny_target}#state"
+    assert set(fp.gpu) == {tiny_target, tiny_draft, state} and all(v > 0 for v in fp.gpu.values())
+    assert set(fp.host) == {tiny_target, tiny_draft}  # the token embeddings stay in host memory
+    assert fp.gpu[state] < gpu.footprint(parallel=4).gpu[state]  # a KV cache per slot
+    opts = Options(target=tiny_target, draft=tiny_draft, gpu_layers=0)
+    cpu = place(opts, choose_models(opts)).footprint()
+    assert not cpu.gpu and cpu.host[state] > 0 and cpu.host[tiny_target] > fp.host[tiny_target]
+
+
+def test_model_options_reads_the_typed_options_a_command_declares():
+    import typer
+    from typer.testing import CliRunner
+
+    from specli.cli.common import AdaptiveOpt, CtxOpt, DraftMaxOpt, DraftOpt, LookupOpt, TargetOpt, model_options
+
+    app, got = typer.Typer(), []
+
+    @app.command()
+    def cmd(click_ctx: typer.Context, target: TargetOpt = None, draft: DraftOpt = "auto",
+            draft_max: DraftMaxOpt = DEFAULTS.draft_max, adaptive: AdaptiveOpt = True, lookup: LookupOpt = True,
+            ctx: CtxOpt = 4096):
+        got.append(model_options(click_ctx))
+
+    r = CliRunner().invoke(app, ["-m", "t.gguf", "--draft", "lookup", "--no-lookup", "--fixed", "--ctx", "4096"])
+    assert r.exit_code == 0, r.output
+    o = got[0]
+    assert (o.target, o.draft, o.lookup, o.n_ctx, o.parallel, o.vram) == ("t.gguf", "lookup", False, 4096, 1, None)
+    assert o.spec == SpecSettings(adaptive=False) and o.given == {"ctx"}  # typed, though equal to the default

@@ -41,8 +41,8 @@ def main() -> None:
     if a.greedy_draft:
         from specli.speculate import drafters
         drafters.draft_top = lambda sampler, pos: drafters.row_top
-    opts = Options(target=a.target, draft=a.draft or "auto", profile=a.profile, threads=a.threads,
-                   spec=SpecSettings(adaptive=False, hybrid=False, draft_max=a.draft_max))
+    opts = Options(target=a.target, draft=a.draft or "auto", profile=a.profile, threads=a.threads, lookup=False,
+                   spec=SpecSettings(adaptive=False, draft_max=a.draft_max))
     sess = Session(opts)
     for t in (float(x) for x in a.temps.split(",")):
         drafted = accepted = steps = 0

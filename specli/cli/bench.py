@@ -9,21 +9,22 @@ import sys
 import typer
 
 from specli.cli.common import (
-    CTX_OPTION,
-    DRAFT_MAX_OPTION,
-    DRAFT_OPTION,
-    GPU_LAYERS_OPTION,
-    PROFILE_OPTION,
-    TARGET_OPTION,
-    THREADS_OPTION,
-    VRAM_OPTION,
+    CtxOpt,
+    DraftMaxOpt,
+    DraftOpt,
+    GpuLayersOpt,
+    ProfileOpt,
+    TargetOpt,
     Terminated,
+    ThreadsOpt,
+    VramOpt,
     app,
     err,
-    given_options,
+    model_options,
     one_line_errors,
 )
 from specli.errors import SpecliError
+from specli.speculate.settings import DEFAULTS, N_CTX
 
 BENCH_EPILOG = """
 Examples:
@@ -40,9 +41,9 @@ Examples:
 @one_line_errors
 def bench(
     click_ctx: typer.Context,
-    target: str | None = TARGET_OPTION,
-    profile: str | None = PROFILE_OPTION,
-    draft: str = DRAFT_OPTION,
+    target: TargetOpt = None,
+    profile: ProfileOpt = None,
+    draft: DraftOpt = "auto",
     suite: str = typer.Option("code,grounded,chat,unpredictable", "--suite", "-s",
                               help="Suite names (comma-separated) or a YAML/JSONL file of prompts."),
     modes: str = typer.Option("none,lookup,model,hybrid,mtp,mtp-lookup,eagle3,eagle3-lookup,dflash,dflash-lookup",
@@ -55,11 +56,11 @@ def bench(
                                    "with an EAGLE-3 head, dflash with a DFlash head)."),
     max_tokens: int = typer.Option(128, "--max-tokens", "-n", min=1, help="Tokens per prompt."),
     repeat: int = typer.Option(1, "--repeat", min=1, help="Measured passes over the suite."),
-    draft_max: int = DRAFT_MAX_OPTION,
-    ctx: int = CTX_OPTION,
-    threads: int | None = THREADS_OPTION,
-    gpu_layers: int | None = GPU_LAYERS_OPTION,
-    vram: str | None = VRAM_OPTION,
+    draft_max: DraftMaxOpt = DEFAULTS.draft_max,
+    ctx: CtxOpt = N_CTX,
+    threads: ThreadsOpt = None,
+    gpu_layers: GpuLayersOpt = None,
+    vram: VramOpt = None,
     compare_lcp: bool = typer.Option(False, "--compare-llama-cpp-python",
                                      help="Also time llama-cpp-python's own LlamaPromptLookupDecoding."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -71,14 +72,12 @@ def bench(
 
     from specli.measure.bench import LCP, parse_modes, run_bench
     from specli.measure.suite import load_suite
-    from specli.session import Options, Session
-    from specli.speculate.settings import SpecSettings
+    from specli.session import Session
 
     mode_list = parse_modes(modes)  # a wrong name fails before any model loads
     if compare_lcp:
         mode_list.append(LCP)
-    opts = Options(target=target, draft=draft, profile=profile, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers,
-                   vram=vram, given=given_options(click_ctx), spec=SpecSettings(draft_max=draft_max))
+    opts = model_options(click_ctx)
     sess = Session(opts, progress=err, build_drafter=False)
     for note in opts.notes:
         err(note)

@@ -5,29 +5,30 @@ from __future__ import annotations
 import typer
 
 from specli.cli.common import (
-    ADAPTIVE_OPTION,
-    CTX_OPTION,
-    DRAFT_GPU_LAYERS_OPTION,
-    DRAFT_MAX_OPTION,
-    DRAFT_OPTION,
-    DRAFT_P_MIN_OPTION,
-    GPU_LAYERS_OPTION,
-    LOOKUP_OPTION,
-    PROFILE_OPTION,
-    SEED_OPTION,
-    TARGET_OPTION,
-    TEMP_OPTION,
-    THREADS_OPTION,
-    TOP_K_OPTION,
-    TOP_P_OPTION,
-    VRAM_OPTION,
+    AdaptiveOpt,
+    CtxOpt,
+    DraftGpuLayersOpt,
+    DraftMaxOpt,
+    DraftOpt,
+    DraftPMinOpt,
+    GpuLayersOpt,
+    LookupOpt,
+    ProfileOpt,
+    SeedOpt,
+    TargetOpt,
+    TempOpt,
+    ThreadsOpt,
+    TopKOpt,
+    TopPOpt,
+    VramOpt,
     app,
     err,
     error_line,
-    given_options,
+    model_options,
     one_line_errors,
 )
 from specli.errors import SpecliError
+from specli.speculate.settings import DEFAULTS, N_CTX
 
 CHAT_EPILOG = """
 Examples:
@@ -68,95 +69,111 @@ def _read_message(first_prompt: str = ">>> ", more_prompt: str = "... ") -> str:
 @one_line_errors
 def chat(
     click_ctx: typer.Context,
-    target: str | None = TARGET_OPTION,
-    profile: str | None = PROFILE_OPTION,
-    draft: str = DRAFT_OPTION,
+    target: TargetOpt = None,
+    profile: ProfileOpt = None,
+    draft: DraftOpt = "auto",
     system: str | None = typer.Option(None, "--system", help="System prompt."),
     max_tokens: int = typer.Option(512, "--max-tokens", "-n", min=1, help="Most tokens per reply."),
-    temp: float = TEMP_OPTION,
-    top_k: int = TOP_K_OPTION,
-    top_p: float = TOP_P_OPTION,
-    seed: int | None = SEED_OPTION,
-    draft_max: int = DRAFT_MAX_OPTION,
-    draft_p_min: float = DRAFT_P_MIN_OPTION,
-    adaptive: bool = ADAPTIVE_OPTION,
-    lookup: bool = LOOKUP_OPTION,
-    ctx: int = CTX_OPTION,
-    threads: int | None = THREADS_OPTION,
-    gpu_layers: int | None = GPU_LAYERS_OPTION,
-    draft_gpu_layers: int | None = DRAFT_GPU_LAYERS_OPTION,
-    vram: str | None = VRAM_OPTION,
+    temp: TempOpt = 0.0,
+    top_k: TopKOpt = 0,
+    top_p: TopPOpt = 1.0,
+    seed: SeedOpt = None,
+    draft_max: DraftMaxOpt = DEFAULTS.draft_max,
+    draft_p_min: DraftPMinOpt = DEFAULTS.draft_p_min,
+    adaptive: AdaptiveOpt = True,
+    lookup: LookupOpt = True,
+    ctx: CtxOpt = N_CTX,
+    threads: ThreadsOpt = None,
+    gpu_layers: GpuLayersOpt = None,
+    draft_gpu_layers: DraftGpuLayersOpt = None,
+    vram: VramOpt = None,
     show_drafts: bool = typer.Option(False, "--show-drafts", help="Colour the tokens that came from the drafter."),
 ):
     """Interactive chat, streamed, with the conversation kept in the KV cache between turns."""
     from specli.chat import Chat
-    from specli.session import Options, Session
-    from specli.speculate.settings import SpecSettings
+    from specli.session import Session
     from specli.speculate.verify import SamplingParams
 
-    opts = Options(target=target, draft=draft, profile=profile, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers,
-                   draft_gpu_layers=draft_gpu_layers, vram=vram, given=given_options(click_ctx),
-                   spec=SpecSettings(draft_max=draft_max, draft_p_min=draft_p_min, adaptive=adaptive, hybrid=lookup))
+    opts = model_options(click_ctx)
     sess = Session(opts, progress=err)
-    if sess.target.chat_template() is None:
-        raise SpecliError(f"{sess.target.name} has no chat template; use specli run --raw")
-    for line in opts.notes:
-        err(line)
-    from rich.console import Console
-    from rich.text import Text
+    try:
+        if sess.target.chat_template() is None:
+            raise SpecliError(f"{sess.target.name} has no chat template; use specli run --raw")
+        for line in opts.notes:
+            err(line)
+        repl = _Repl(Chat(sess, SamplingParams(temp, top_k, top_p, seed), max_tokens, system), show_drafts)
+        repl.note(f"specli chat · {sess.target.name} · drafter {sess.drafter.name} · /help for commands")
+        repl.loop()
+    finally:
+        sess.close()
 
-    conv = Chat(sess, SamplingParams(temp, top_k, top_p, seed), max_tokens, system)
-    # Rich decides on colour: a terminal, NO_COLOR, FORCE_COLOR, TERM=dumb
-    console = Console(highlight=False, emoji=False, markup=False, soft_wrap=True)
 
-    def note(text: str) -> None:
-        console.print(text, style="dim")
+HELP = ("/reset forget the conversation · /stats last reply · /exit quit · "
+        "end a line with \\ or use \"\"\" for several lines")
+QUIT = ("/exit", "/quit", "/bye")
 
-    def write(text) -> None:
-        console.print(text, end="")
-        console.file.flush()
 
-    note(f"specli chat · {sess.target.name} · drafter {sess.drafter.name} · /help for commands")
-    while True:
-        try:
-            text = _read_message()
-        except EOFError:
-            print()
-            break
-        except KeyboardInterrupt:
-            note("\n(Ctrl-C stops a reply; /exit or Ctrl-D quits)")
-            continue
-        cmd = text.strip()
-        if not cmd:
-            continue
-        if cmd in ("/exit", "/quit", "/bye"):
-            break
+class _Repl:
+    """The chat's read-reply loop on a terminal (or a pipe): Rich decides on colour (a
+    terminal, NO_COLOR, FORCE_COLOR, TERM=dumb)."""
+
+    def __init__(self, conv, show_drafts: bool):
+        from rich.console import Console
+
+        self.conv, self.show_drafts = conv, show_drafts
+        self.console = Console(highlight=False, emoji=False, markup=False, soft_wrap=True)
+
+    def note(self, text: str) -> None:
+        self.console.print(text, style="dim")
+
+    def write(self, text) -> None:
+        self.console.print(text, end="")
+        self.console.file.flush()
+
+    def loop(self) -> None:
+        """Messages until /exit or end of input; Ctrl-C at the prompt only says how to quit."""
+        while True:
+            try:
+                text = _read_message()
+            except EOFError:
+                print()
+                return
+            except KeyboardInterrupt:
+                self.note("\n(Ctrl-C stops a reply; /exit or Ctrl-D quits)")
+                continue
+            cmd = text.strip()
+            if cmd in QUIT:
+                return
+            if cmd and not self.command(cmd):
+                self.reply(text)
+
+    def command(self, cmd: str) -> bool:
+        """Run a chat command (/help, /reset, /stats); False when ``cmd`` is a message."""
         if cmd == "/help":
-            note("/reset forget the conversation · /stats last reply · /exit quit · "
-                 "end a line with \\ or use \"\"\" for several lines")
-            continue
-        if cmd == "/reset":
-            conv.reset()
-            note("(conversation cleared)")
-            continue
-        if cmd == "/stats":
-            note(conv.last.summary() if conv.last else "(no reply yet)")
-            continue
+            self.note(HELP)
+        elif cmd == "/reset":
+            self.conv.reset()
+            self.note("(conversation cleared)")
+        elif cmd == "/stats":
+            self.note(self.conv.last.summary() if self.conv.last else "(no reply yet)")
+        else:
+            return False
+        return True
+
+    def reply(self, text: str) -> None:
+        """Stream the reply to ``text``, then its one line of numbers; Ctrl-C stops it."""
+        conv = self.conv
         interrupted = False
         try:
             stream, dropped = conv.send(text)
             if dropped:
-                note(f"(the conversation no longer fits the context: dropped the {dropped} oldest messages)")
+                self.note(f"(the conversation no longer fits the context: dropped the {dropped} oldest messages)")
             for ch in stream:
-                pieces = [sess.target.piece(t).decode("utf-8", "replace") for t in ch.tokens]
-                if show_drafts and any(ch.from_draft) and "".join(pieces) == ch.text:
-                    write(Text.assemble(*((p, "cyan" if f else "") for p, f in zip(pieces, ch.from_draft))))
-                else:
-                    write(ch.text)
+                self.show(ch)
         except SpecliError as e:
             err(error_line(e))
             conv.finish()
-            continue
+            return
         except KeyboardInterrupt:
             interrupted = True
             conv.repair()
@@ -165,13 +182,21 @@ def chat(
         conv.finish()
         st = conv.last
         if st is None:
-            continue
+            return
         line = f"{st.tokens_per_s:.1f} tok/s · {st.generated} tokens · mode {st.mode}"
         if st.drafted:
             line += f" · acceptance {100 * st.acceptance:.0f}%"
         line += f" · prompt {st.prompt_tokens - st.prompt_tokens_cached} new / {st.prompt_tokens_cached} cached"
-        console.print()
-        note(("(stopped) " if interrupted else "") + line)
-    sess.close()
+        self.console.print()
+        self.note(("(stopped) " if interrupted else "") + line)
 
+    def show(self, ch) -> None:
+        """One chunk of the reply; with --show-drafts the drafted tokens in colour."""
+        from rich.text import Text
 
+        target = self.conv.session.target
+        pieces = [target.piece(t).decode("utf-8", "replace") for t in ch.tokens]
+        if self.show_drafts and any(ch.from_draft) and "".join(pieces) == ch.text:
+            self.write(Text.assemble(*((p, "cyan" if f else "") for p, f in zip(pieces, ch.from_draft))))
+        else:
+            self.write(ch.text)

@@ -1,4 +1,5 @@
-"""What every command shares: one-line errors, the prompt reader, the shared options."""
+"""What every command shares: one-line errors, the prompt reader, the shared typed options and
+the :class:`~specli.options.Options` built from them."""
 
 from __future__ import annotations
 
@@ -7,11 +8,15 @@ import os
 import signal
 import sys
 import threading
+from typing import Annotated
 
 import typer
 
 from specli.errors import SpecliError
-from specli.speculate.settings import DEFAULTS, N_CTX
+from specli.options import Options
+from specli.resolve.profiles import DEFAULT_KEYS
+from specli.speculate.settings import SpecSettings
+from specli.utf8 import decode_utf8
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
@@ -78,8 +83,6 @@ def one_line_errors(fn):
 
 
 def read_prompt(prompt: str | None, file: str | None) -> str:
-    from specli.utf8 import decode_utf8
-
     if prompt is not None and file is not None:
         raise SpecliError("give the prompt once: --prompt or --file, not both")
     if prompt is not None:
@@ -107,12 +110,27 @@ def read_prompt(prompt: str | None, file: str | None) -> str:
 def given_options(click_ctx: typer.Context) -> set[str]:
     """The options a profile could fill that the user typed (those stay as typed). Compared by
     name: Typer may carry its own copy of click, whose ParameterSource is another enum."""
-    from specli.resolve.profiles import DEFAULT_KEYS
-
     def typed(p: str) -> bool:
         src = click_ctx.get_parameter_source(p)
         return src is not None and src.name != "DEFAULT"
     return {p for p in DEFAULT_KEYS if typed(p)}
+
+
+# the Options field each shared model option fills, by the command's parameter name
+_OPTION_FIELDS = {"target": "target", "profile": "profile", "draft": "draft", "lookup": "lookup", "ctx": "n_ctx",
+                  "threads": "threads", "gpu_layers": "gpu_layers", "draft_gpu_layers": "draft_gpu_layers",
+                  "vram": "vram", "parallel": "parallel"}
+_SPEC_FIELDS = ("draft_max", "draft_p_min", "adaptive")  # the SpecSettings fields they fill
+
+
+def model_options(click_ctx: typer.Context) -> Options:
+    """The :class:`Options` that ``run``, ``chat``, ``bench``, ``serve`` and ``export`` build, in
+    this one place: from the shared typed options below that the command declares (one it does
+    not declare keeps its default), and which of them the user typed."""
+    p = click_ctx.params
+    spec = SpecSettings(**{k: p[k] for k in _SPEC_FIELDS if k in p})
+    return Options(**{f: p[k] for k, f in _OPTION_FIELDS.items() if k in p}, spec=spec,
+                   given=given_options(click_ctx))
 
 
 TARGET_HELP = ("Target model: a GGUF path, org/repo:QUANT on the Hub, ollama:NAME[:TAG], lmstudio:PUBLISHER/REPO, "
@@ -121,30 +139,32 @@ DRAFT_HELP = ("Draft: a model reference (as for --target; a drafting head's file
               "drafts as such), 'mtp' (the target's own MTP layers), 'lookup' (prompt lookup), 'auto' (MTP, else a "
               "drafting head or a draft model on disk, or one from a profile or the Hub, else lookup) "
               "or 'none' (plain).")
-# the model options run, chat and bench share
-TARGET_OPTION = typer.Option(None, "--target", "-m", help=TARGET_HELP)
-PROFILE_OPTION = typer.Option(None, "--profile", "-P", help="A target/draft pair (specli profiles).")
-DRAFT_OPTION = typer.Option("auto", "--draft", "-d", help=DRAFT_HELP)
-# generation and hardware options run and chat share (bench has its own --draft-max and --gpu-layers)
-TEMP_OPTION = typer.Option(0.0, "--temp", min=0.0, help="Temperature; 0 is greedy.")
-TOP_K_OPTION = typer.Option(0, "--top-k", min=0, help="Top-k sampling (0: off).")
-TOP_P_OPTION = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Top-p (nucleus) sampling (1: off).")
-SEED_OPTION = typer.Option(None, "--seed", help="Random seed for sampling.")
-DRAFT_MAX_OPTION = typer.Option(DEFAULTS.draft_max, "--draft-max", min=0, help="Most tokens drafted per step.")
-LOOKUP_OPTION = typer.Option(True, "--lookup/--no-lookup",
-                             help="With a draft model, also copy from the context when it repeats.")
-CTX_OPTION = typer.Option(N_CTX, "--ctx", "-c", min=0, help="Context size in tokens (0: the model's own).")
-THREADS_OPTION = typer.Option(None, "--threads", "-t", min=1, help="CPU threads.")
-GPU_LAYERS_OPTION = typer.Option(None, "--gpu-layers", "-ngl",
-                                 help="Target layers on the GPU (-1: all; default: the hardware plan).")
-ADAPTIVE_OPTION = typer.Option(True, "--adaptive/--fixed",
-                               help="Choose the draft length per step from measured costs (default), "
-                                    "or always draft up to --draft-max.")
-DRAFT_P_MIN_OPTION = typer.Option(DEFAULTS.draft_p_min, "--draft-p-min", min=0.0, max=1.0,
-                                  help="A drafting model stops when its top probability falls below this "
-                                       "(fixed-length drafting; the adaptive controller prices each token).")
-DRAFT_GPU_LAYERS_OPTION = typer.Option(None, "--draft-gpu-layers",
-                                       help="Draft layers on the GPU (default: the hardware plan).")
-VRAM_OPTION = typer.Option(None, "--vram", help="GPU memory budget, e.g. 6GiB (default: detected; env SPECLI_VRAM).")
-
-
+# The shared options, typed once (``target: TargetOpt = None``): the model options run, chat,
+# bench, serve and export share, and the generation and hardware options most of them take
+# (bench has no sampling, --lookup or --draft-gpu-layers: it compares modes).
+TargetOpt = Annotated[str | None, typer.Option("--target", "-m", help=TARGET_HELP)]
+ProfileOpt = Annotated[str | None, typer.Option("--profile", "-P", help="A target/draft pair (specli profiles).")]
+DraftOpt = Annotated[str, typer.Option("--draft", "-d", help=DRAFT_HELP)]
+TempOpt = Annotated[float, typer.Option("--temp", min=0.0, help="Temperature; 0 is greedy.")]
+TopKOpt = Annotated[int, typer.Option("--top-k", min=0, help="Top-k sampling (0: off).")]
+TopPOpt = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Top-p (nucleus) sampling (1: off).")]
+SeedOpt = Annotated[int | None, typer.Option("--seed", help="Random seed for sampling.")]
+DraftMaxOpt = Annotated[int, typer.Option("--draft-max", min=0, help="Most tokens drafted per step.")]
+LookupOpt = Annotated[bool, typer.Option("--lookup/--no-lookup",
+                                         help="With a draft model, also copy from the context when it repeats.")]
+CtxOpt = Annotated[int, typer.Option("--ctx", "-c", min=0, help="Context size in tokens (0: the model's own).")]
+ThreadsOpt = Annotated[int | None, typer.Option("--threads", "-t", min=1, help="CPU threads.")]
+GpuLayersOpt = Annotated[int | None, typer.Option("--gpu-layers", "-ngl",
+                                                  help="Target layers on the GPU (-1: all; default: the hardware "
+                                                       "plan).")]
+AdaptiveOpt = Annotated[bool, typer.Option("--adaptive/--fixed",
+                                           help="Choose the draft length per step from measured costs (default), "
+                                                "or always draft up to --draft-max.")]
+DraftPMinOpt = Annotated[float, typer.Option("--draft-p-min", min=0.0, max=1.0,
+                                             help="A drafting model stops when its top probability falls below "
+                                                  "this (fixed-length drafting; the adaptive controller prices "
+                                                  "each token).")]
+DraftGpuLayersOpt = Annotated[int | None, typer.Option("--draft-gpu-layers",
+                                                       help="Draft layers on the GPU (default: the hardware plan).")]
+VramOpt = Annotated[str | None, typer.Option("--vram", help="GPU memory budget, e.g. 6GiB (default: detected; "
+                                                            "env SPECLI_VRAM).")]

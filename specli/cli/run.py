@@ -10,28 +10,29 @@ import sys
 import typer
 
 from specli.cli.common import (
-    ADAPTIVE_OPTION,
-    CTX_OPTION,
-    DRAFT_GPU_LAYERS_OPTION,
-    DRAFT_MAX_OPTION,
-    DRAFT_OPTION,
-    DRAFT_P_MIN_OPTION,
-    GPU_LAYERS_OPTION,
-    LOOKUP_OPTION,
-    PROFILE_OPTION,
-    SEED_OPTION,
-    TARGET_OPTION,
-    TEMP_OPTION,
-    THREADS_OPTION,
-    TOP_K_OPTION,
-    TOP_P_OPTION,
-    VRAM_OPTION,
+    AdaptiveOpt,
+    CtxOpt,
+    DraftGpuLayersOpt,
+    DraftMaxOpt,
+    DraftOpt,
+    DraftPMinOpt,
+    GpuLayersOpt,
+    LookupOpt,
+    ProfileOpt,
+    SeedOpt,
+    TargetOpt,
+    TempOpt,
+    ThreadsOpt,
+    TopKOpt,
+    TopPOpt,
+    VramOpt,
     app,
     err,
-    given_options,
+    model_options,
     one_line_errors,
     read_prompt,
 )
+from specli.speculate.settings import DEFAULTS, N_CTX
 
 RUN_EPILOG = """
 Examples:
@@ -50,25 +51,25 @@ Examples:
 @one_line_errors
 def run(
     click_ctx: typer.Context,
-    target: str | None = TARGET_OPTION,
-    profile: str | None = PROFILE_OPTION,
-    draft: str = DRAFT_OPTION,
+    target: TargetOpt = None,
+    profile: ProfileOpt = None,
+    draft: DraftOpt = "auto",
     prompt: str | None = typer.Option(None, "--prompt", "-p", help="Prompt text (default: standard input)."),
     file: str | None = typer.Option(None, "--file", "-f", help="Read the prompt from this file."),
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1, help="Most tokens to generate."),
-    temp: float = TEMP_OPTION,
-    top_k: int = TOP_K_OPTION,
-    top_p: float = TOP_P_OPTION,
-    seed: int | None = SEED_OPTION,
-    draft_max: int = DRAFT_MAX_OPTION,
-    draft_p_min: float = DRAFT_P_MIN_OPTION,
-    adaptive: bool = ADAPTIVE_OPTION,
-    lookup: bool = LOOKUP_OPTION,
-    ctx: int = CTX_OPTION,
-    threads: int | None = THREADS_OPTION,
-    gpu_layers: int | None = GPU_LAYERS_OPTION,
-    draft_gpu_layers: int | None = DRAFT_GPU_LAYERS_OPTION,
-    vram: str | None = VRAM_OPTION,
+    temp: TempOpt = 0.0,
+    top_k: TopKOpt = 0,
+    top_p: TopPOpt = 1.0,
+    seed: SeedOpt = None,
+    draft_max: DraftMaxOpt = DEFAULTS.draft_max,
+    draft_p_min: DraftPMinOpt = DEFAULTS.draft_p_min,
+    adaptive: AdaptiveOpt = True,
+    lookup: LookupOpt = True,
+    ctx: CtxOpt = N_CTX,
+    threads: ThreadsOpt = None,
+    gpu_layers: GpuLayersOpt = None,
+    draft_gpu_layers: DraftGpuLayersOpt = None,
+    vram: VramOpt = None,
     plan: bool = typer.Option(False, "--plan", help="Print where each model would go, and why; generate nothing."),
     chat: bool | None = typer.Option(None, "--chat/--raw",
                                         help="Apply the model's chat template (default when it has one)."),
@@ -85,13 +86,10 @@ def run(
 ):
     """Generate from a prompt on standard input; text streams to standard output."""
     from specli.constrain import from_options
-    from specli.session import Options, Session
-    from specli.speculate.settings import SpecSettings
+    from specli.session import Session
     from specli.speculate.verify import SamplingParams
 
-    opts = Options(target=target, draft=draft, profile=profile, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers,
-                   draft_gpu_layers=draft_gpu_layers, vram=vram, given=given_options(click_ctx),
-                   spec=SpecSettings(draft_max=draft_max, draft_p_min=draft_p_min, adaptive=adaptive, hybrid=lookup))
+    opts = model_options(click_ctx)
     if plan:
         print_plan(opts)
         return
@@ -124,7 +122,7 @@ def run(
         out = {"text": "".join(pieces), "tokens": out_tokens, "prompt_tokens": toks, "target": sess.target.path,
                "draft": sess.draft_model.path if sess.draft_model else sess.drafter.name,
                "finish_reason": resp.finish_reason, "placement": sess.placement(),
-               "settings": {"ctx": sess.ctx.n_ctx, **dataclasses.asdict(opts.spec)},
+               "settings": settings_report(sess),
                "stats": {**st.to_dict(), **st_extra}}
         print(json.dumps(out, ensure_ascii=False))
     elif not interrupted:
@@ -143,10 +141,17 @@ def run(
         raise typer.Exit(130)
 
 
+def settings_report(sess) -> dict:
+    """The settings the run used: the context, the speculation settings and --lookup."""
+    spec = {k: v for k, v in dataclasses.asdict(sess.opts.spec).items() if k != "hybrid"}  # --lookup's old field
+    return {"ctx": sess.ctx.n_ctx, **spec, "lookup": sess.opts.lookup}
+
+
 def print_plan(opts) -> None:
+    from specli.hardware.placement import plan_for
     from specli.hardware.plan import memory_from_header
+    from specli.resolve.choose import choose_models
     from specli.resolve.gguf_header import read_gguf
-    from specli.session import choose_models, plan_for
     from specli.util import fmt_size
 
     tpath, asked, _ = choose_models(opts, progress=err)

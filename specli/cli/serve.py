@@ -5,24 +5,25 @@ from __future__ import annotations
 import typer
 
 from specli.cli.common import (
-    ADAPTIVE_OPTION,
-    CTX_OPTION,
-    DRAFT_GPU_LAYERS_OPTION,
-    DRAFT_MAX_OPTION,
-    DRAFT_OPTION,
-    DRAFT_P_MIN_OPTION,
-    GPU_LAYERS_OPTION,
-    LOOKUP_OPTION,
-    PROFILE_OPTION,
-    TARGET_OPTION,
-    THREADS_OPTION,
-    VRAM_OPTION,
+    AdaptiveOpt,
+    CtxOpt,
+    DraftGpuLayersOpt,
+    DraftMaxOpt,
+    DraftOpt,
+    DraftPMinOpt,
+    GpuLayersOpt,
+    LookupOpt,
+    ProfileOpt,
+    TargetOpt,
+    ThreadsOpt,
+    VramOpt,
     app,
     err,
-    given_options,
+    model_options,
     one_line_errors,
 )
 from specli.errors import SpecliError
+from specli.speculate.settings import DEFAULTS, N_CTX
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 SERVE_EPILOG = """
@@ -47,9 +48,9 @@ Ollama client at http://127.0.0.1:8000 (ollama-python, OLLAMA_HOST=127.0.0.1:800
 @one_line_errors
 def serve(
     click_ctx: typer.Context,
-    target: str | None = TARGET_OPTION,
-    profile: str | None = PROFILE_OPTION,
-    draft: str = DRAFT_OPTION,
+    target: TargetOpt = None,
+    profile: ProfileOpt = None,
+    draft: DraftOpt = "auto",
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (beyond loopback needs --api-key)."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on."),
     api_key: str | None = typer.Option(None, "--api-key", envvar="SPECLI_API_KEY", show_envvar=True,
@@ -59,21 +60,21 @@ def serve(
     parallel: int = typer.Option(1, "--parallel", min=1, max=64,
                                  help="Requests generated at once, in one batch, each speculating in its own slot. "
                                       "Every slot has its own KV cache of --ctx tokens (memory for N of them is "
-                                      "planned); MTP and EAGLE-3 drafting fall back to prompt lookup."),
+                                      "planned); MTP, EAGLE-3 and DFlash heads fall back to prompt lookup."),
     name: str | None = typer.Option(None, "--name",
                                        help="Model name in /v1/models (default: the profile or GGUF file name)."),
     temp: float | None = typer.Option(None, "--temp", min=0.0, max=2.0,
                                          help="Temperature for requests that give none "
                                               "(default: each API's own, OpenAI's 1, Ollama's 0.8)."),
-    draft_max: int = DRAFT_MAX_OPTION,
-    draft_p_min: float = DRAFT_P_MIN_OPTION,
-    adaptive: bool = ADAPTIVE_OPTION,
-    lookup: bool = LOOKUP_OPTION,
-    ctx: int = CTX_OPTION,
-    threads: int | None = THREADS_OPTION,
-    gpu_layers: int | None = GPU_LAYERS_OPTION,
-    draft_gpu_layers: int | None = DRAFT_GPU_LAYERS_OPTION,
-    vram: str | None = VRAM_OPTION,
+    draft_max: DraftMaxOpt = DEFAULTS.draft_max,
+    draft_p_min: DraftPMinOpt = DEFAULTS.draft_p_min,
+    adaptive: AdaptiveOpt = True,
+    lookup: LookupOpt = True,
+    ctx: CtxOpt = N_CTX,
+    threads: ThreadsOpt = None,
+    gpu_layers: GpuLayersOpt = None,
+    draft_gpu_layers: DraftGpuLayersOpt = None,
+    vram: VramOpt = None,
     log_level: str = typer.Option("warning", "--log-level",
                                   help="uvicorn's log level: warning, info (one line per request), debug, ..."),
 ):
@@ -92,16 +93,13 @@ def serve(
             raise
         raise SpecliError(f"specli serve needs FastAPI and uvicorn ({e.name} is missing): "
                           "pip install 'specli[serve]'") from None
-    from specli.session import Options, Session
-    from specli.speculate.settings import SpecSettings
+    from specli.session import Session
 
     if log_level not in LOG_LEVELS:
         raise SpecliError(f"--log-level must be one of {', '.join(LOG_LEVELS)}")
     api_key = api_key or None  # an empty SPECLI_API_KEY is no key
     check_bind(host, port, api_key)
-    opts = Options(target=target, draft=draft, profile=profile, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers,
-                   draft_gpu_layers=draft_gpu_layers, vram=vram, given=given_options(click_ctx), parallel=parallel,
-                   spec=SpecSettings(draft_max=draft_max, draft_p_min=draft_p_min, adaptive=adaptive, hybrid=lookup))
+    opts = model_options(click_ctx)
     sess = Session(opts, progress=err)
     for note in opts.notes:
         err(note)
@@ -111,7 +109,7 @@ def serve(
 
         def ready(server) -> None:
             slots = f", {parallel} slots" if parallel > 1 else ""
-            err(f"serving {api.state.model_ids[0]} (drafter: {sess.drafter.name}{slots}) on "
+            err(f"serving {api.state.model_ids[0]} (drafter: {sess.drafter_name}{slots}) on "
                 f"http://{shown}:{bound_port(server)}/v1 (OpenAI) and /api (Ollama)"
                 + (" (API key required)" if api_key else "")
                 + "; Ctrl-C stops")

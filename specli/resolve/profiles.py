@@ -27,7 +27,7 @@ TOP_KEYS = {"name", "description", "target", "drafts", "defaults", "hf_target", 
 # hf_target / hf_draft: the same pair as Hugging Face safetensors repos (org/repo), for engines that
 # cannot load GGUF drafts (vLLM, SGLang; see specli export)
 MODEL_KEYS = {"sources", "sha256", "size"}
-# a profile's defaults, named as the CLI options they fill (specli.session.apply_profile_defaults)
+# a profile's defaults, named as the CLI options they fill (specli.resolve.choose.apply_profile_defaults)
 DEFAULT_KEYS = ("ctx", "draft_max", "draft_p_min")
 # drafts entries that name a drafter instead of a model: the target's own multi-token-prediction
 # layers (no file), and prompt lookup (no model); kept as ModelSpec(("mtp",)) / ModelSpec(("lookup",))
