@@ -25,7 +25,7 @@ from specli.resolve.gguf_header import (
     read_gguf,
     vocab_from_header,
 )
-from specli.resolve.local import draft_on_disk, profile_for
+from specli.resolve.on_disk import draft_on_disk, profile_for
 from specli.resolve.profiles import ModelSpec, Profile
 from specli.speculate import registry
 from specli.speculate.adaptive import lookup_drafter

@@ -50,7 +50,7 @@ def test_adaptive_turns_off_a_draft_that_cannot_pay(tmp_path, tiny_target, tiny_
     env = dict(os.environ, SPECLI_CACHE=str(tmp_path / "specli"))
     threads = os.cpu_count() or 1
     cache = {"version": calibrate.CALIBRATION_VERSION,
-             "draft:" + calibrate._ident(tiny_draft, 0, threads, 512, 0): 1.0}
+             calibrate.entry("draft", tiny_draft, 0, threads, 512, 0): 1.0}
     (tmp_path / "specli").mkdir()
     (tmp_path / "specli" / "calibration.json").write_text(json.dumps(cache))
     rc, out, err = specli("run", "--target", tiny_target, "--draft", tiny_draft, "--no-lookup", "--raw",
