@@ -21,7 +21,7 @@ specli.measure.lossless); llama-server's answers are compared as parsed JSON (it
 allows other whitespace). Rates exclude prompt processing.
 
     python benchmarks/constrained_bench.py --profile default --repeat 1 --llama-server \\
-        --out research/results/constrained_bench.json --md research/results/constrained_bench.md
+        --out benchmarks/results/constrained_bench.json --md benchmarks/results/constrained_bench.md
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ class LlamaServers:
             cm.__exit__(None, None, None)
 
 
-def main() -> int:
+def _args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="default")
     ap.add_argument("--target", default=None, help="a target instead of the profile's")
@@ -125,8 +125,77 @@ def main() -> int:
     ap.add_argument("--llama-server", action="store_true", help="also time llama-server with the same schema")
     ap.add_argument("--out", default=None, help="JSON results")
     ap.add_argument("--md", default=None, help="markdown report")
-    a = ap.parse_args()
+    return ap.parse_args()
 
+
+def _measure(one, all_modes: list[str], prompts: list[dict], repeat: int, max_tokens: int) -> dict:
+    """Every mode on every prompt, ``repeat`` rounds, the modes' order rotated per prompt and round."""
+    for m in all_modes:  # warm-up
+        one(m, prompts[0], 16)
+    results = {m: {} for m in all_modes}
+    for r in range(repeat):
+        for i, p in enumerate(prompts):
+            order = all_modes[(i + r) % len(all_modes):] + all_modes[:(i + r) % len(all_modes)]
+            for m in order:
+                res = one(m, p, max_tokens)
+                results[m].setdefault(p["id"], []).append(res)
+                print(f"round {r} {p['id']:<14} {m:<18} {res['n']:4d} tok {res['n'] / res['s']:6.2f} tok/s",
+                      file=sys.stderr, flush=True)
+    return results
+
+
+def _json_check(text: str, ref_obj) -> str:
+    try:
+        return "same JSON value" if json.loads(text) == ref_obj else "another JSON value"
+    except json.JSONDecodeError:
+        return "invalid JSON"
+
+
+def _checks(sess, toks: dict, results: dict, prompts: list[dict]) -> dict:
+    """Each mode's text against plain constrained decoding's: token for token for specli's
+    modes, as a JSON value for llama-server's."""
+    checks = {m: {} for m in results}
+    for p in prompts:
+        pid = p["id"]
+        plain = results["plain"][pid][0]
+        try:
+            ref_obj = json.loads(sess.target.detokenize(plain["tokens"]))
+        except json.JSONDecodeError:  # cut short by --max-tokens
+            ref_obj = None
+        for m, by_prompt in results.items():
+            runs = by_prompt[pid]
+            if m.startswith("llama-server"):
+                checks[m][pid] = _json_check(runs[0]["text"], ref_obj)
+                continue
+            verdicts = []
+            for run in runs:
+                d = divergence(sess.ctx, toks[pid], plain["tokens"], run["tokens"])
+                verdicts.append("identical" if d is None and len(run["tokens"]) == len(plain["tokens"])
+                                else d.describe() if d else "a prefix")
+            checks[m][pid] = "identical" if all(v == "identical" for v in verdicts) else "; ".join(verdicts)
+    return checks
+
+
+def _summary(results: dict) -> tuple[dict, dict]:
+    """Each mode's totals and speed over plain's, overall and per prompt."""
+    summary = {}
+    for m, by_prompt in results.items():
+        runs = [x for rs in by_prompt.values() for x in rs]
+        n, s = sum(x["n"] for x in runs), sum(x["s"] for x in runs)
+        summary[m] = {"tokens": n, "seconds": s, "tokens_per_s": n / s if s else 0.0,
+                      "drafted": sum(x.get("drafted", 0) for x in runs),
+                      "accepted": sum(x.get("accepted", 0) for x in runs)}
+    base = summary["plain"]["tokens_per_s"]
+    for m in results:
+        summary[m]["vs_plain"] = summary[m]["tokens_per_s"] / base if base else 0.0
+    per_prompt = {m: {pid: sum(x["n"] for x in runs) / sum(x["s"] for x in runs) / (
+        sum(x["n"] for x in results["plain"][pid]) / sum(x["s"] for x in results["plain"][pid]))
+        for pid, runs in results[m].items()} for m in results}
+    return summary, per_prompt
+
+
+def main() -> int:
+    a = _args()
     prompts = load_suite(Path(a.suite))
     if a.prompts:
         prompts = [p for p in prompts if p["id"] in a.prompts.split(",")]
@@ -144,59 +213,11 @@ def main() -> int:
             return servers.run(mode, toks[p["id"]], p["schema"], n)
         return run_specli(sess, mode, toks[p["id"]], p["schema"], n)
 
-    for m in all_modes:  # warm-up
-        one(m, prompts[0], 16)
-    results = {m: {} for m in all_modes}
-    for r in range(a.repeat):
-        for i, p in enumerate(prompts):
-            order = all_modes[(i + r) % len(all_modes):] + all_modes[:(i + r) % len(all_modes)]
-            for m in order:
-                res = one(m, p, a.max_tokens)
-                results[m].setdefault(p["id"], []).append(res)
-                print(f"round {r} {p['id']:<14} {m:<18} {res['n']:4d} tok {res['n'] / res['s']:6.2f} tok/s",
-                      file=sys.stderr, flush=True)
+    results = _measure(one, all_modes, prompts, a.repeat, a.max_tokens)
     if servers:
         servers.close()
-
-    # the same text?
-    checks = {m: {} for m in all_modes}
-    for p in prompts:
-        pid = p["id"]
-        plain = results["plain"][pid][0]
-        try:
-            ref_obj = json.loads(sess.target.detokenize(plain["tokens"]))
-        except json.JSONDecodeError:  # cut short by --max-tokens
-            ref_obj = None
-        for m in all_modes:
-            runs = results[m][pid]
-            if m.startswith("llama-server"):
-                try:
-                    same = json.loads(runs[0]["text"]) == ref_obj
-                    checks[m][pid] = "same JSON value" if same else "another JSON value"
-                except json.JSONDecodeError:
-                    checks[m][pid] = "invalid JSON"
-                continue
-            verdicts = []
-            for run in runs:
-                d = divergence(sess.ctx, toks[pid], plain["tokens"], run["tokens"])
-                verdicts.append("identical" if d is None and len(run["tokens"]) == len(plain["tokens"])
-                                else d.describe() if d else "a prefix")
-            checks[m][pid] = "identical" if all(v == "identical" for v in verdicts) else "; ".join(verdicts)
-
-    summary = {}
-    for m in all_modes:
-        n = sum(x["n"] for runs in results[m].values() for x in runs)
-        s = sum(x["s"] for runs in results[m].values() for x in runs)
-        dr = sum(x.get("drafted", 0) for runs in results[m].values() for x in runs)
-        ac = sum(x.get("accepted", 0) for runs in results[m].values() for x in runs)
-        summary[m] = {"tokens": n, "seconds": s, "tokens_per_s": n / s if s else 0.0, "drafted": dr, "accepted": ac}
-    base = summary["plain"]["tokens_per_s"]
-    for m in all_modes:
-        summary[m]["vs_plain"] = summary[m]["tokens_per_s"] / base if base else 0.0
-    per_prompt = {m: {pid: sum(x["n"] for x in runs) / sum(x["s"] for x in runs) / (
-        sum(x["n"] for x in results["plain"][pid]) / sum(x["s"] for x in results["plain"][pid]))
-        for pid, runs in results[m].items()} for m in all_modes}
-
+    checks = _checks(sess, toks, results, prompts)
+    summary, per_prompt = _summary(results)
     report = {"command": "python " + " ".join(sys.argv),
               "target": sess.target.path, "draft": sess.draft_path, "threads": threads, "repeat": a.repeat,
               "max_tokens": a.max_tokens, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

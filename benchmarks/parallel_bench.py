@@ -33,7 +33,7 @@ every specli text identical to its single-client text or parted at a near-tie. F
 (about 20-25 min on the idle 2-core development VM; ``--quick``: 2 prompts, N in {1, 2}, 32 tokens):
 
     python benchmarks/parallel_bench.py --profile default --llama-server \\
-        --out research/results/parallel_bench.json --md research/results/parallel_bench.md
+        --out benchmarks/results/parallel_bench.json --md benchmarks/results/parallel_bench.md
 """
 
 from __future__ import annotations
@@ -417,7 +417,7 @@ def parse_clients(text: str) -> list[int]:
     return ns
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  epilog="full run:\n\n" + __doc__.rsplit("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -437,9 +437,11 @@ def main() -> int:
     ap.add_argument("--md", default=None, help="markdown report")
     ap.add_argument("--recheck", default=None, metavar="JSON",
                     help="judge a saved run's texts again with this checker and write its report (runs nothing)")
-    a = ap.parse_args()
-    if a.recheck:
-        return recheck(Path(a.recheck), a.out, a.md)
+    return ap
+
+
+def _settle(ap: argparse.ArgumentParser, a) -> list[str]:
+    """The defaults that depend on --quick, the checks; the specli modes asked for."""
     a.clients = a.clients or ([1, 2] if a.quick else [1, 2, 4, 8])
     a.prompts = a.prompts or (2 if a.quick else len(PROMPTS))
     a.max_tokens = a.max_tokens or (32 if a.quick else 96)
@@ -456,6 +458,15 @@ def main() -> int:
     if a.max_tokens < 2 or a.repeat < 1:
         ap.error("--max-tokens must be at least 2 and --repeat at least 1")
 
+    return modes
+
+
+def main() -> int:
+    ap = _parser()
+    a = ap.parse_args()
+    if a.recheck:
+        return recheck(Path(a.recheck), a.out, a.md)
+    modes = _settle(ap, a)
     suites = {s: {p.id: p.text for p in load_suite(s).prompts} for s in {s for s, _ in PROMPTS}}
     prompts = [(pid, suites[s][pid]) for s, pid in PROMPTS[:a.prompts]]
     parallel = specli_has_parallel()
@@ -490,28 +501,8 @@ def main() -> int:
             ref[pid] = ask(client, model, text, a.max_tokens, logprobs=True)
             print(f"reference {pid}: {ref[pid]['tokens']} tokens", file=sys.stderr, flush=True)
         for li, n in enumerate(a.clients):
-            here = [m for m in modes if runnable(m, n, parallel)]
-            for m in here:
-                if m != "serial":
-                    servers.start(m, argv_for(m, n), n)
-                    commands[f"{m} (N={n})"] = servers.up[m][3]
-            waves = [prompts[i:i + n] for i in range(0, len(prompts), n)]
-            for r in range(a.repeat):
-                for w, batch in enumerate(waves):
-                    k = (li + r + w) % len(here)
-                    for m in here[k:] + here[:k]:
-                        cl, mdl = servers.client(m)
-                        res = wave(cl, mdl, [t for _, t in batch], a.max_tokens)
-                        for (pid, _), c in zip(batch, res["clients"]):
-                            c["prompt"] = pid
-                        runs[m].setdefault(n, []).append({"round": r, "wave": w, **res})
-                        load.append(os.getloadavg())
-                        toks = sum(c.get("tokens", 0) for c in res["clients"])
-                        print(f"N={n} round {r} wave {w} {m:<20} {toks:4d} tok {res['wall']:6.1f} s "
-                              f"{toks / res['wall'] if res['wall'] else 0:6.2f} tok/s", file=sys.stderr, flush=True)
-            for m in here:
-                if m != "serial":
-                    servers.stop(m)
+            _at_clients(servers, a, li, n, [m for m in modes if runnable(m, n, parallel)], prompts, argv_for, runs,
+                        commands, load)
     finally:
         servers.close()
 
@@ -528,6 +519,33 @@ def main() -> int:
         Path(a.md).write_text(md)
     print(md)
     return 0
+
+
+def _at_clients(servers, a, li: int, n: int, here: list[str], prompts: list, argv_for, runs: dict, commands: dict,
+                load: list) -> None:
+    """Every mode runnable at ``n`` clients, wave after wave of ``n`` prompts, the modes' order
+    rotated per wave and round; the servers of the batched modes started for ``n`` and stopped."""
+    for m in here:
+        if m != "serial":
+            servers.start(m, argv_for(m, n), n)
+            commands[f"{m} (N={n})"] = servers.up[m][3]
+    waves = [prompts[i:i + n] for i in range(0, len(prompts), n)]
+    for r in range(a.repeat):
+        for w, batch in enumerate(waves):
+            k = (li + r + w) % len(here)
+            for m in here[k:] + here[:k]:
+                cl, mdl = servers.client(m)
+                res = wave(cl, mdl, [t for _, t in batch], a.max_tokens)
+                for (pid, _), c in zip(batch, res["clients"]):
+                    c["prompt"] = pid
+                runs[m].setdefault(n, []).append({"round": r, "wave": w, **res})
+                load.append(os.getloadavg())
+                toks = sum(c.get("tokens", 0) for c in res["clients"])
+                print(f"N={n} round {r} wave {w} {m:<20} {toks:4d} tok {res['wall']:6.1f} s "
+                      f"{toks / res['wall'] if res['wall'] else 0:6.2f} tok/s", file=sys.stderr, flush=True)
+    for m in here:
+        if m != "serial":
+            servers.stop(m)
 
 
 def assemble(meta: dict, runs: dict[str, dict[int, list[dict]]], ref: dict[str, dict]) -> dict:

@@ -8,7 +8,7 @@
 3. llama.cpp's own fixed-setting draft speculation (`llama-speculative-simple`) and n-gram
    lookup (`llama-lookup`) on the same prompts, when the binaries are given.
 
-Writes a Markdown report (default research/results/benchmark-report.md) and the raw JSON beside it.
+Writes a Markdown report (default benchmarks/results/benchmark-report.md) and the raw JSON beside it.
 
     python benchmarks/run_benchmarks.py --llama-cpp-bin /path/to/llama.cpp/build/bin
 """
@@ -109,8 +109,7 @@ def main() -> None:
     ap.add_argument("--gpu-layers", type=int, default=None, help="default: the hardware plan")
     ap.add_argument("--llama-cpp-bin", default=os.environ.get("LLAMA_CPP_BIN"),
                     help="folder with llama.cpp's llama-bench, llama-speculative-simple, llama-lookup")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "research", "results",
-                                                    "benchmark-report.md"))
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "benchmark-report.md"))
     a = ap.parse_args()
 
     target = models.resolve(a.target, progress=print)

@@ -9,7 +9,7 @@
 2. Eight clients at once (threads, non-streamed): all answered, each with its own prompt's
    greedy text, nothing lost.
 
-Writes a Markdown report (default research/results/serve-benchmark.md).
+Writes a Markdown report (default benchmarks/results/serve-benchmark.md).
 
     python benchmarks/serve_bench.py --profile default --max-tokens 64
 """
@@ -113,8 +113,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=2, help="lib, server, server, lib rounds per prompt")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "research", "results",
-                                                    "serve-benchmark.md"))
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "serve-benchmark.md"))
     a = ap.parse_args()
     load0 = os.getloadavg()[0]
     sess = Session(Options(target=a.target, draft=a.draft, profile=a.profile))

@@ -81,12 +81,12 @@ def test_rollback_refused_by_the_model_memory_decodes_the_prefix_again(tiny_targ
 def test_draft_on_cpu_pays_only_from_measurements(cache, tiny_target, tiny_draft):
     assert calibrate.draft_on_cpu_pays(tiny_target, tiny_draft, 2, 512, 8) is None  # nothing measured
     d = {"version": calibrate.CALIBRATION_VERSION,
-         "verify:" + calibrate._ident(tiny_target, -1, 2, 512, 8): [0.01] * 9,  # GPU: flat curve
-         "draft:" + calibrate._ident(tiny_draft, 0, 2, 512, 0): 0.002}
+         calibrate.entry("verify", tiny_target, -1, 2, 512, 8): [0.01] * 9,  # GPU: flat curve
+         calibrate.entry("draft", tiny_draft, 0, 2, 512, 0): 0.002}
     cache.parent.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps(d))
     assert calibrate.draft_on_cpu_pays(tiny_target, tiny_draft, 2, 512, 8) is True
-    d["draft:" + calibrate._ident(tiny_draft, 0, 2, 512, 0)] = 0.02  # slower than the target itself
+    d[calibrate.entry("draft", tiny_draft, 0, 2, 512, 0)] = 0.02  # slower than the target itself
     cache.write_text(json.dumps(d))
     assert calibrate.draft_on_cpu_pays(tiny_target, tiny_draft, 2, 512, 8) is False
 

@@ -243,19 +243,19 @@ def test_measured_length_uses_this_machines_calibration(tiny_target, tiny_draft,
     model = ("draft", tiny_draft, 0)
     assert calibrate.measured_length(tiny_target, 0, 2, 512, 8, model) is None
     verify = [0.010, 0.012, 0.013, 0.014, 0.015, 0.016, 0.018, 0.020, 0.022]  # a GPU-like flat curve
-    calibrate._store("verify:" + calibrate._ident(tiny_target, 0, 2, 512, 8), verify)
+    calibrate.install("verify", tiny_target, 0, 2, 512, 8, verify)
     assert calibrate.measured_length(tiny_target, 0, 2, 512, 8, model) is None  # draft cost not measured
-    calibrate._store("draft:" + calibrate._ident(tiny_draft, 0, 2, 512, 0), 0.001)
+    calibrate.install("draft", tiny_draft, 0, 2, 512, 0, 0.001)
     k = calibrate.measured_length(tiny_target, 0, 2, 512, 8, model)
     assert k == best_length(0.8, verify, 0.001, 8, 0.001, 0.8)[0] and k > 1
     assert calibrate.measured_length(tiny_target, 0, 2, 512, 8) == best_length(0.8, verify, 0.0, 8)[0]  # lookup
     # MTP layers are priced under their own key, on the target's file
     assert calibrate.measured_length(tiny_target, 0, 2, 512, 8, ("mtp", tiny_target, 0)) is None
-    calibrate._store("mtp:" + calibrate._ident(tiny_target, 0, 2, 512, 0), 0.004)
+    calibrate.install("mtp", tiny_target, 0, 2, 512, 0, 0.004)
     assert calibrate.measured_length(tiny_target, 0, 2, 512, 8, ("mtp", tiny_target, 0)) == \
         best_length(0.8, verify, 0.004, 8, 0.004, 0.8)[0]
     # a CPU-like curve where verifying costs as much as generating: nothing pays
-    calibrate._store("verify:" + calibrate._ident(tiny_target, 0, 2, 512, 8), [0.01 * (k + 1) for k in range(9)])
+    calibrate.install("verify", tiny_target, 0, 2, 512, 8, [0.01 * (k + 1) for k in range(9)])
     assert calibrate.measured_length(tiny_target, 0, 2, 512, 8, model) == 0
 
 

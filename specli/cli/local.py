@@ -101,13 +101,13 @@ def pairs_cmd(target: str | None = typer.Argument(None, help="Only this target (
     EAGLE-3, DFlash): what each is and whether it fits this target (hidden size, the target
     layers it reads, its mask token or draft vocabulary). The pairs you can run now without
     downloading anything."""
-    from specli.resolve import local, models
+    from specli.resolve import local, models, on_disk
 
     found = local.scan()
     if target is None:
         groups = [(t.found.name, t.found.ref, t.path, t.summary, d, h) for t, d, h in local.pairs(found)]
     else:
-        path = local.local_path(target)
+        path = on_disk.local_path(target)
         th = models.header_of(target)
         s = local.summarise(th)
         groups = [(target, target, path, s, local.drafts_for(s, path, found), local.heads_of(th, path, found))]

@@ -24,6 +24,19 @@ def _ident(path: str, n_gpu_layers: int, threads: int, n_batch: int, k_max: int)
     return hashlib.sha256(ident.encode()).hexdigest()[:20]
 
 
+def entry(kind: str, path: str, n_gpu_layers: int, threads: int, n_batch: int, k_max: int) -> str:
+    """The cache key of a calibration of ``kind`` ("verify", "draft", "mtp", ...) for the model
+    file ``path`` in this placement, on this machine."""
+    return f"{kind}:" + _ident(path, n_gpu_layers, threads, n_batch, k_max)
+
+
+def install(kind: str, path: str, n_gpu_layers: int, threads: int, n_batch: int, k_max: int, value) -> None:
+    """Record costs measured elsewhere (or fixed for a test) as this machine's calibration of
+    ``kind`` for that file and placement: a verify curve (seconds by draft length), or a
+    drafted token's seconds."""
+    _store(entry(kind, path, n_gpu_layers, threads, n_batch, k_max), value)
+
+
 def _key(ctx: Context, k_max: int) -> str:
     return _ident(ctx.model.path, ctx.model.n_gpu_layers, ctx.threads, ctx.n_batch, k_max)
 

@@ -154,91 +154,114 @@ def run_bench(sess: Session, suite: Suite, modes: list[str], max_tokens: int = 1
     same construction, hardware plan and settings as ``specli run``). ``on_result`` gets the
     report as far as it got after the warm-ups and after every measured prompt (``--out``
     keeps it, so an interrupted run leaves the prompts it finished)."""
-    target, ctx = sess.target, sess.ctx
-    draft_max = sess.opts.spec.draft_max
-    use_chat = target.chat_template() is not None if chat is None else chat
-    prompts = [(p, prompt_tokens(target, p, use_chat)) for p in suite.prompts]
-    lcp = None
     for m in modes:
         if m != LCP:
             registry.mode(m)  # an unknown name is an error, not a mode quietly left out
-    available = {m.name: m for m in sess.modes()}
-    modes = [m for m in ORDER if m in modes and (m == LCP or m in available)]
-    results = {m: ModeResult(m) for m in modes}
-    total = len(modes) * (len(prompts) * repeat + 1)
-    # llama-cpp-python's score buffer is n_ctx rows of n_vocab floats: only the room the longest run needs
-    lcp_ctx = min(ctx.n_ctx, max(len(t) + (sp.max_tokens or max_tokens) for sp, t in prompts) + draft_max + 16)
-    done = 0
+    run = _BenchRun(sess, suite, modes, max_tokens, repeat, progress, chat, on_result)
+    run.warm_up()
+    for rep in range(repeat):
+        run.round(rep)
+    return run.report()
 
-    def one(mode: str, sp, toks: list[int], n: int) -> tuple[list[int], Stats]:
+
+class _BenchRun:
+    """One ``run_bench``: its modes, prompts, results so far and the greedy outputs compared."""
+
+    def __init__(self, sess: Session, suite: Suite, modes: list[str], max_tokens: int, repeat: int,
+                 progress: Callable[[str, int, int], None] | None, chat: bool | None,
+                 on_result: Callable[[BenchReport], None] | None):
+        self.sess, self.suite, self.max_tokens, self.repeat = sess, suite, max_tokens, repeat
+        self.progress, self.on_result = progress, on_result
+        target = sess.target
+        use_chat = target.chat_template() is not None if chat is None else chat
+        self.prompts = [(p, prompt_tokens(target, p, use_chat)) for p in suite.prompts]
+        self.available = {m.name: m for m in sess.modes()}
+        self.modes = [m for m in ORDER if m in modes and (m == LCP or m in self.available)]
+        self.results = {m: ModeResult(m) for m in self.modes}
+        self.total = len(self.modes) * (len(self.prompts) * repeat + 1)
+        self.done = 0
+        self.lcp: _LlamaCppPythonLookup | None = None
+        self.outputs: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
+        self.live: list[str] = []  # the modes whose warm-up ran
+
+    def one(self, mode: str, sp, toks: list[int], n: int) -> tuple[list[int], Stats]:
         if mode == LCP:
-            out, secs = lcp.run(toks, n, target.is_eog)
+            out, secs = self.lcp.run(toks, n, self.sess.target.is_eog)
             return out, Stats(generated=len(out), t_generate=secs)
-        drafter = sess.drafter_for(available[mode])  # built before its run: loaded and priced at the warm-up
-        ctx.clear()
+        drafter = self.sess.drafter_for(self.available[mode])  # built before its run: loaded and priced at the warm-up
+        self.sess.ctx.clear()
         params = SamplingParams(sp.temperature, sp.top_k, sp.top_p, seed=1234)
-        resp = sess.generate(toks, params, n, drafter)
+        resp = self.sess.generate(toks, params, n, drafter)
         out = [t for ch in resp for t in ch.tokens]
         return out, resp.stats
 
-    outputs: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
-
-    def measure(mode: str, sp, toks: list[int], first_pass: bool) -> None:
-        r = results[mode]
-        out, st = one(mode, sp, toks, sp.max_tokens or max_tokens)
+    def measure(self, mode: str, sp, toks: list[int], first_pass: bool) -> None:
+        r = self.results[mode]
+        out, st = self.one(mode, sp, toks, sp.max_tokens or self.max_tokens)
         r.add(st)
         r.per_prompt.setdefault(sp.id, []).append(st.generated / st.t_generate if st.t_generate else 0)
         if sp.temperature == 0 and first_pass:
-            outputs[(mode, sp.id)] = (toks, out)
+            self.outputs[(mode, sp.id)] = (toks, out)
 
-    def report() -> BenchReport:
-        _compare(ctx, outputs, results)
-        return BenchReport(target.path, sess.draft_path, suite.name, max_tokens, repeat, ctx.threads, results,
-                           sess.placement())
+    def report(self) -> BenchReport:
+        sess = self.sess
+        _compare(sess.ctx, self.outputs, self.results)
+        return BenchReport(sess.target.path, sess.draft_path, self.suite.name, self.max_tokens, self.repeat,
+                           sess.ctx.threads, self.results, sess.placement())
 
-    # warm-ups, modes without the draft model first: peak memory with and without it; each
-    # mode's models are loaded and its costs measured (calibrated once per machine) before it runs
-    def needs_draft(m: str) -> bool:
-        return m != LCP and available[m].kind.entry.paid is registry.DraftKind.MODEL
+    def _needs_draft(self, m: str) -> bool:
+        return m != LCP and self.available[m].kind.entry.paid is registry.DraftKind.MODEL
 
-    for mode in sorted(modes, key=needs_draft):
-        if progress:
-            progress(f"{mode}: warm-up", done, total)
+    def _start_lcp(self) -> None:
+        sess, draft_max = self.sess, self.sess.opts.spec.draft_max
+        # llama-cpp-python's score buffer is n_ctx rows of n_vocab floats: only the room the longest run needs
+        n_ctx = min(sess.ctx.n_ctx, max(len(t) + (sp.max_tokens or self.max_tokens) for sp, t in self.prompts)
+                    + draft_max + 16)
+        self.lcp = _LlamaCppPythonLookup(sess.target.path, n_ctx, sess.ctx.threads, draft_max, sess.target_gpu_layers)
+
+    def _step(self, mode: str, what: str, run: Callable[[], None]) -> None:
+        """One unit of the run: a comparison mode (llama-cpp-python's lookup) that fails is a row
+        that says so; specli's own modes fail the bench."""
+        if self.progress:
+            self.progress(f"{mode}: {what}", self.done, self.total)
         try:
-            if mode != LCP:
-                sess.prepare(available[mode])
-            if mode == LCP:
-                lcp = _LlamaCppPythonLookup(target.path, lcp_ctx, ctx.threads, draft_max, sess.target_gpu_layers)
-            one(mode, prompts[-1][0], prompts[-1][1], 16)
+            run()
         except Exception as e:  # noqa: BLE001 - a comparison mode that fails is a row that says so
             if mode != LCP:
                 raise
-            results[mode].error = _one_line(e)
-        done += 1
-        results[mode].peak_rss_mb = _peak_rss_mb()
-    live = [m for m in modes if not results[m].error]
-    if on_result:
-        on_result(report())
-    # measured runs, interleaved: in each round every mode runs a different prompt, so slow
-    # drifts of the machine hit every mode alike
-    for rep in range(repeat):
-        for sp_i, mode in schedule(live, len(prompts)):
-            sp, toks = prompts[sp_i]
-            if results[mode].error:  # a comparison mode that failed on an earlier prompt: its row says why
-                done += 1
+            self.results[mode].error = _one_line(e)
+        self.done += 1
+
+    def warm_up(self) -> None:
+        """Modes without the draft model first (peak memory with and without it); each mode's
+        models are loaded and its costs measured (calibrated once per machine) before it runs."""
+        sp, toks = self.prompts[-1]
+
+        def warm(mode: str) -> None:
+            if mode == LCP:
+                self._start_lcp()
+            else:
+                self.sess.prepare(self.available[mode])
+            self.one(mode, sp, toks, 16)
+
+        for mode in sorted(self.modes, key=self._needs_draft):
+            self._step(mode, "warm-up", lambda mode=mode: warm(mode))
+            self.results[mode].peak_rss_mb = _peak_rss_mb()
+        self.live = [m for m in self.modes if not self.results[m].error]
+        if self.on_result:
+            self.on_result(self.report())
+
+    def round(self, rep: int) -> None:
+        """The measured runs, interleaved: in each round every mode runs a different prompt, so
+        slow drifts of the machine hit every mode alike."""
+        for sp_i, mode in schedule(self.live, len(self.prompts)):
+            sp, toks = self.prompts[sp_i]
+            if self.results[mode].error:  # a comparison mode that failed on an earlier prompt: its row says why
+                self.done += 1
                 continue
-            if progress:
-                progress(f"{mode}: {sp.id}", done, total)
-            try:
-                measure(mode, sp, toks, rep == 0)
-            except Exception as e:  # noqa: BLE001
-                if mode != LCP:
-                    raise
-                results[mode].error = _one_line(e)
-            done += 1
-            if on_result:
-                on_result(report())
-    return report()
+            self._step(mode, sp.id, lambda mode=mode, sp=sp, toks=toks: self.measure(mode, sp, toks, rep == 0))
+            if self.on_result:
+                self.on_result(self.report())
 
 
 def _compare(ctx, outputs: dict, results: dict[str, ModeResult]) -> None:

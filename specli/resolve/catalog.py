@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from specli.errors import SpecliError
-from specli.resolve import local, stores
+from specli.resolve import local, on_disk, store_refs, stores
 from specli.resolve.profiles import Profile, load_all
 
 MODEL, DRAFT, HEAD = "model", "draft", "head"
@@ -93,7 +93,7 @@ class Catalog:
             e = self._by.get(_key(cand))
             if e is not None:
                 return e
-        raise UnknownModel(name, stores.nearest(name, self.names(), 5))
+        raise UnknownModel(name, store_refs.nearest(name, self.names(), 5))
 
 
 def _spellings(name: str) -> list[str]:
@@ -158,7 +158,7 @@ def _profiles_on_disk(models: list[local.LocalModel]) -> list[tuple[Profile, loc
     for p in load_all().values():
         t = p.target
         for m in by_size.get(t.size, []) if t.sha256 and t.size else []:
-            if local.sha256_of(m.path) == t.sha256:
+            if on_disk.sha256_of(m.path) == t.sha256:
                 out.append((p, m))
                 break
     return out

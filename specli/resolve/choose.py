@@ -24,7 +24,7 @@ from specli.resolve.gguf_header import (
     head_not_driven,
     vocab_from_header,
 )
-from specli.resolve.local import draft_on_disk, profile_for
+from specli.resolve.on_disk import draft_on_disk, profile_for
 from specli.resolve.profiles import ModelSpec, Profile
 from specli.speculate.registry import DraftKind, DraftMode, available, mode_for, with_lookup
 
@@ -198,7 +198,7 @@ def no_mtp(ref: str, th: GGUFHeader) -> str:
 
 def _auto_draft(tspec: ModelSpec, prof: Profile | None, notes: list[str]) -> tuple[DraftKind, ModelSpec | None]:
     """``--draft auto``: the target's own MTP layers when it has them, then a compatible draft
-    model already on disk (local.draft_on_disk), then the profile's, else the smallest
+    model already on disk (on_disk.draft_on_disk), then the profile's, else the smallest
     compatible GGUF of its family on the Hub, then prompt lookup. Each choice is one line on
     stderr."""
     th = models.header_of_spec(tspec)

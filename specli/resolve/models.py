@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from specli.errors import SpecliError
-from specli.resolve import hub, integrity, stores, wheels
+from specli.resolve import hub, integrity, store_refs, wheels
 from specli.resolve.gguf_header import GGUFHeader, read_gguf
 
 Progress = Callable[[str], None] | None
@@ -59,8 +59,8 @@ def classify(ref: str, sha256: str | None = None) -> Ref:
         return Ref("local", ref, path=path)
     if ref.lower().startswith("pypi:"):
         return Ref("pypi", ref, wheel=parse_pypi(ref[5:], sha256))
-    if stores.is_ref(ref):
-        return Ref("local", ref, path=stores.locate(ref))
+    if store_refs.is_ref(ref):
+        return Ref("local", ref, path=store_refs.locate(ref))
     if ref.lower() in wheels.BUILTIN:
         return Ref("pypi", ref, wheel=wheels.BUILTIN[ref.lower()])
     h = hub.parse_hub_ref(ref)

