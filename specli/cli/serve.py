@@ -36,7 +36,9 @@ Examples:
 
   SPECLI_API_KEY=secret specli serve --profile default --host 0.0.0.0
 
-  specli serve --profile default --port 11434      # where Ollama's clients look
+  specli serve --port 11434                        # every model on disk, where Ollama's clients look
+
+  specli serve --target ollama:qwen3:8b --target lmstudio:lmstudio-community/gemma-3-4b-it-GGUF --max-loaded 1
 
 Then point any OpenAI client at http://127.0.0.1:8000/v1 (curl, openai-python, ...), or any
 Ollama client at http://127.0.0.1:8000 (ollama-python, OLLAMA_HOST=127.0.0.1:8000, ...).
@@ -47,8 +49,8 @@ Ollama client at http://127.0.0.1:8000 (ollama-python, OLLAMA_HOST=127.0.0.1:800
 @one_line_errors
 def serve(
     click_ctx: typer.Context,
-    target: str | None = TARGET_OPTION,
-    profile: str | None = PROFILE_OPTION,
+    target: list[str] | None = TARGET_OPTION,
+    profile: list[str] | None = PROFILE_OPTION,
     draft: str = DRAFT_OPTION,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (beyond loopback needs --api-key)."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on."),
@@ -74,13 +76,23 @@ def serve(
     gpu_layers: int | None = GPU_LAYERS_OPTION,
     draft_gpu_layers: int | None = DRAFT_GPU_LAYERS_OPTION,
     vram: str | None = VRAM_OPTION,
+    keep_alive: str = typer.Option("5m", "--keep-alive",
+                                   help="Serving several models: how long one stays loaded after its last request "
+                                        "(Ollama's keep_alive: 5m, 1h, 300 seconds, 0 unloads at once, -1 keeps it); "
+                                        "a request's keep_alive overrides it."),
+    max_loaded: int | None = typer.Option(None, "--max-loaded", min=1,
+                                          help="Serving several models: at most this many loaded at once "
+                                               "(default: as many as memory holds)."),
     log_level: str = typer.Option("warning", "--log-level",
                                   help="uvicorn's log level: warning, info (one line per request), debug, ..."),
 ):
-    """Serve the model over OpenAI's HTTP API (/v1/chat/completions, /v1/completions) and Ollama's
-    (/api/chat, /api/generate) on one port."""
+    """Serve models over OpenAI's HTTP API (/v1/chat/completions, /v1/completions) and Ollama's
+    (/api/chat, /api/generate) on one port: with no --target/--profile every model on disk (specli models),
+    each loaded on its first request with its automatic drafter; with several, those; with one, that
+    model alone, loaded at start."""
     try:
         from specli.serve.app import create_app
+        from specli.serve.many import serve_many
         from specli.serve.runner import (
             bound_port,
             check_bind,
@@ -99,6 +111,16 @@ def serve(
         raise SpecliError(f"--log-level must be one of {', '.join(LOG_LEVELS)}")
     api_key = api_key or None  # an empty SPECLI_API_KEY is no key
     check_bind(host, port, api_key)
+    chosen = [*(target or []), *(profile or [])]
+    if len(chosen) != 1:
+        base = Options(draft=draft, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers,
+                       draft_gpu_layers=draft_gpu_layers, vram=vram, given=given_options(click_ctx), parallel=parallel,
+                       spec=SpecSettings(draft_max=draft_max, draft_p_min=draft_p_min, adaptive=adaptive,
+                                         hybrid=lookup))
+        serve_many(base, chosen or None, host=host, port=port, api_key=api_key, queue=queue, temperature=temp,
+                   keep_alive=keep_alive, max_loaded=max_loaded, log_level=log_level, say=err)
+        return
+    target, profile = (target or [None])[0], (profile or [None])[0]
     opts = Options(target=target, draft=draft, profile=profile, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers,
                    draft_gpu_layers=draft_gpu_layers, vram=vram, given=given_options(click_ctx), parallel=parallel,
                    spec=SpecSettings(draft_max=draft_max, draft_p_min=draft_p_min, adaptive=adaptive, hybrid=lookup))
