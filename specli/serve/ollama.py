@@ -24,6 +24,7 @@ from specli.errors import SpecliError
 from specli.resolve.catalog import UnknownModel
 from specli.serve.answer import answer
 from specli.serve.directory import Directory, Use, api_error, keep_alive, lease, within
+from specli.serve.ollama_pull import add_pull
 from specli.serve.ollama_reply import OllamaAnswer, Reply, single
 from specli.serve.ollama_schemas import AnswerBody, ChatBody, GenerateBody, ShowBody, error_line
 from specli.serve.shared import APIError, Prompter, Served, checked, tokens, tool_setup
@@ -33,7 +34,7 @@ from specli.toolcalls import Format
 # the Ollama API version these endpoints follow (clients gate features such as tools and
 # structured outputs on it); specli's own version rides beside it
 OLLAMA_VERSION = "0.12.0"
-SERVED = "/api/chat, /api/generate, /api/tags, /api/show, /api/ps, /api/version"
+SERVED = "/api/chat, /api/generate, /api/tags, /api/show, /api/ps, /api/pull, /api/version"
 WRITES = {"delete": "remove a model with the tool that stored it, e.g. ollama rm",
           "create": "create models with ollama create", "copy": "copy models with ollama cp",
           "push": "push models with ollama push", "blobs": "upload blobs with ollama create"}
@@ -81,6 +82,7 @@ def make_router(d: Directory, auth: list, temperature: float | None = None) -> A
     router = APIRouter(route_class=_Route)
     _listing(router, d, auth)
     _answering(router, d, auth, temperature)
+    add_pull(router, auth, _parse)
     _refusing(router, auth)
     return router
 
