@@ -7,6 +7,7 @@ request that arrives during its model's load."""
 
 import json
 import os
+import re
 import shutil
 import socket
 import threading
@@ -240,3 +241,54 @@ def test_requests_during_a_load_wait_for_it_and_a_leaving_client_cancels_only_it
         r = got["r"]
         assert r.status_code == 200 and r.json()["eval_count"] == 3 and r.json()["load_duration"] > 0
     models.stop()
+
+
+def test_a_chosen_set_lists_only_those(home):
+    models = Models(Options(n_ctx=CTX), only=["ollama:tiny-big", f"lmstudio:{LMS}"])
+    with background(create_app(models=models)) as url:
+        assert sorted(names(url)) == sorted(["tiny-big:latest", LMS])
+        with pytest.raises(ollama.ResponseError) as e:
+            ollama.Client(host=url).chat(model="tiny-other", messages=[{"role": "user", "content": "hi"}])
+        assert e.value.status_code == 404
+    models.stop()
+
+
+def test_specli_serve_with_no_model_option_serves_all_and_pulls_from_the_hub(home, tiny_target):
+    """The CLI end to end: every model listed, /api/pull into the HF cache with Ollama's progress
+    lines, the pulled model listed and answering, Ctrl-C stops."""
+    import signal
+    import subprocess
+
+    from faulthelp import start, wait_for
+    from hubserver import HubServer, HubState, Repo
+    repo = "tiny-org/Tiny-Pulled-GGUF"
+    state = HubState(repos={repo: Repo({"tiny-pulled-q8_0.gguf": tiny_target})})
+    with HubServer(state) as hub:
+        env = clean_env(home, SPECLI_CONFIG_DIR=home / ".config" / "specli", HF_HUB_OFFLINE="0", HF_ENDPOINT=hub.url,
+                        HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
+        proc = start("serve", "--port", "0", "--ctx", str(CTX), "--max-loaded", "1", env=env)
+        try:
+            lines: list[str] = []
+            wait_for("the server to listen", lambda: lines.append(proc.stderr.readline()) or "serving" in lines[-1],
+                     300)
+            assert "serving 4 models (every model on disk" in lines[-1], lines
+            url = re.search(r"(http://\S+)/v1 ", lines[-1]).group(1)
+            assert sorted(names(url)) == sorted(NAMES)
+            with httpx.stream("POST", url + "/api/pull", json={"model": f"hf.co/{repo}:Q8_0"}, timeout=300) as r:
+                assert r.headers["content-type"] == "application/x-ndjson"
+                pulled = [json.loads(x) for x in r.iter_lines() if x]
+            assert pulled[0] == {"status": "pulling manifest"} and pulled[-1] == {"status": "success"}, pulled
+            assert any(p.get("total") == os.path.getsize(tiny_target) == p.get("completed") for p in pulled)
+            new = [n for n in names(url) if "Tiny-Pulled-GGUF" in n]
+            assert len(new) == 1, names(url)
+            r = ollama.Client(host=url, timeout=300).chat(model=new[0], messages=[{"role": "user", "content": "hi"}],
+                                                          options={"num_predict": 3})
+            assert r.eval_count == 3
+            r = httpx.post(url + "/api/pull", json={"model": "nothing", "stream": False})
+            assert r.status_code == 400 and "Hugging Face Hub" in r.json()["error"]
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()

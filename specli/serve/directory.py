@@ -58,6 +58,7 @@ class LoadedInfo:
 
 class Directory(Protocol):
     default_keep_alive: float | None
+    pulls: bool  # /api/pull is served (a pulled model is then listed and served)
 
     async def use(self, name: str, request: Request | None, keep_alive: float | None) -> Use: ...
 
@@ -90,6 +91,7 @@ class One:
     request's ``keep_alive`` says."""
 
     default_keep_alive = None
+    pulls = False
 
     def __init__(self, served: Served):
         self.served, self.card = served, ModelCard(served)

@@ -64,6 +64,8 @@ class Models:
     every model on disk); ``scan``: the catalog (tests give their own); ``worker``: what
     makes a model's worker."""
 
+    pulls = True
+
     def __init__(self, base: Options, *, queue: int = 8, keep_alive: float | None = DEFAULT_KEEP_ALIVE,
                  max_loaded: int | None = None, host: int | None = None, gpu: int | None = None,
                  only: list[str] | None = None, scan: Callable[[], list[local.LocalModel]] = local.scan,

@@ -34,7 +34,7 @@ from specli.toolcalls import Format
 # the Ollama API version these endpoints follow (clients gate features such as tools and
 # structured outputs on it); specli's own version rides beside it
 OLLAMA_VERSION = "0.12.0"
-SERVED = "/api/chat, /api/generate, /api/tags, /api/show, /api/ps, /api/pull, /api/version"
+SERVED = "/api/chat, /api/generate, /api/tags, /api/show, /api/ps, /api/version"
 WRITES = {"delete": "remove a model with the tool that stored it, e.g. ollama rm",
           "create": "create models with ollama create", "copy": "copy models with ollama cp",
           "push": "push models with ollama push", "blobs": "upload blobs with ollama create"}
@@ -82,7 +82,8 @@ def make_router(d: Directory, auth: list, temperature: float | None = None) -> A
     router = APIRouter(route_class=_Route)
     _listing(router, d, auth)
     _answering(router, d, auth, temperature)
-    add_pull(router, auth, _parse)
+    if d.pulls:  # a pulled model is served only where every model on disk is
+        add_pull(router, auth, _parse)
     _refusing(router, auth)
     return router
 
