@@ -144,6 +144,11 @@ DRAFT_HELP = ("Draft: a model reference (as for --target; a drafting head's file
 # (bench has no sampling, --lookup or --draft-gpu-layers: it compares modes).
 TargetOpt = Annotated[str | None, typer.Option("--target", "-m", help=TARGET_HELP)]
 ProfileOpt = Annotated[str | None, typer.Option("--profile", "-P", help="A target/draft pair (specli profiles).")]
+# serve takes several (each served, loaded on demand) or none (every model on disk)
+TargetsOpt = Annotated[list[str] | None, typer.Option("--target", "-m",
+                                                     help=TARGET_HELP + " Repeat it to serve several.")]
+ProfilesOpt = Annotated[list[str] | None, typer.Option("--profile", "-P", help="A target/draft pair (specli profiles); "
+                                                                                 "repeat it to serve several.")]
 DraftOpt = Annotated[str, typer.Option("--draft", "-d", help=DRAFT_HELP)]
 TempOpt = Annotated[float, typer.Option("--temp", min=0.0, help="Temperature; 0 is greedy.")]
 TopKOpt = Annotated[int, typer.Option("--top-k", min=0, help="Top-k sampling (0: off).")]

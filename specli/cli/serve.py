@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import typer
 
 from specli.cli.common import (
@@ -13,8 +15,8 @@ from specli.cli.common import (
     DraftPMinOpt,
     GpuLayersOpt,
     LookupOpt,
-    ProfileOpt,
-    TargetOpt,
+    ProfilesOpt,
+    TargetsOpt,
     ThreadsOpt,
     VramOpt,
     app,
@@ -37,7 +39,9 @@ Examples:
 
   SPECLI_API_KEY=secret specli serve --profile default --host 0.0.0.0
 
-  specli serve --profile default --port 11434      # where Ollama's clients look
+  specli serve --port 11434                        # every model on disk, where Ollama's clients look
+
+  specli serve --target ollama:qwen3:8b --target lmstudio:lmstudio-community/gemma-3-4b-it-GGUF --max-loaded 1
 
 Then point any OpenAI client at http://127.0.0.1:8000/v1 (curl, openai-python, ...), or any
 Ollama client at http://127.0.0.1:8000 (ollama-python, OLLAMA_HOST=127.0.0.1:8000, ...).
@@ -48,8 +52,8 @@ Ollama client at http://127.0.0.1:8000 (ollama-python, OLLAMA_HOST=127.0.0.1:800
 @one_line_errors
 def serve(
     click_ctx: typer.Context,
-    target: TargetOpt = None,
-    profile: ProfileOpt = None,
+    target: TargetsOpt = None,
+    profile: ProfilesOpt = None,
     draft: DraftOpt = "auto",
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (beyond loopback needs --api-key)."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on."),
@@ -75,13 +79,23 @@ def serve(
     gpu_layers: GpuLayersOpt = None,
     draft_gpu_layers: DraftGpuLayersOpt = None,
     vram: VramOpt = None,
+    keep_alive: str = typer.Option("5m", "--keep-alive",
+                                   help="Serving several models: how long one stays loaded after its last request "
+                                        "(Ollama's keep_alive: 5m, 1h, 300 seconds, 0 unloads at once, -1 keeps it); "
+                                        "a request's keep_alive overrides it."),
+    max_loaded: int | None = typer.Option(None, "--max-loaded", min=1,
+                                          help="Serving several models: at most this many loaded at once "
+                                               "(default: as many as memory holds)."),
     log_level: str = typer.Option("warning", "--log-level",
                                   help="uvicorn's log level: warning, info (one line per request), debug, ..."),
 ):
-    """Serve the model over OpenAI's HTTP API (/v1/chat/completions, /v1/completions) and Ollama's
-    (/api/chat, /api/generate) on one port."""
+    """Serve models over OpenAI's HTTP API (/v1/chat/completions, /v1/completions) and Ollama's
+    (/api/chat, /api/generate) on one port: with no --target/--profile every model on disk (specli models),
+    each loaded on its first request with its automatic drafter; with several, those; with one, that
+    model alone, loaded at start."""
     try:
         from specli.serve.app import create_app
+        from specli.serve.many import serve_many
         from specli.serve.runner import (
             bound_port,
             check_bind,
@@ -100,6 +114,13 @@ def serve(
     api_key = api_key or None  # an empty SPECLI_API_KEY is no key
     check_bind(host, port, api_key)
     opts = model_options(click_ctx)
+    chosen = [*(target or []), *(profile or [])]
+    if len(chosen) != 1:  # every model on disk, or the chosen set: loaded on demand
+        base = replace(opts, target=None, profile=None)
+        serve_many(base, chosen or None, host=host, port=port, api_key=api_key, queue=queue, temperature=temp,
+                   keep_alive=keep_alive, max_loaded=max_loaded, log_level=log_level, say=err)
+        return
+    opts = replace(opts, target=target[0] if target else None, profile=profile[0] if profile else None)
     sess = Session(opts, progress=err)
     for note in opts.notes:
         err(note)

@@ -1,4 +1,4 @@
-"""The HTTP API over one Session (FastAPI): OpenAI's under ``/v1``
+"""The HTTP API over one Session or every model on disk (FastAPI): OpenAI's under ``/v1``
 (:mod:`specli.serve.openai_api`), Ollama's under ``/api`` (:mod:`specli.serve.ollama`), and
 ``/health``; both APIs answer through one path (:mod:`specli.serve.answer`) on the model they
 share (:class:`~specli.serve.shared.Served`), whose
@@ -16,25 +16,36 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from specli.serve import ollama, openai_api
+from specli.serve.directory import Directory, One
+from specli.serve.models import Models
 from specli.serve.schemas import error_body
 from specli.serve.shared import APIError, Prompter, Served, model_ids
 from specli.serve.worker import Worker, make_worker
 from specli.session import Session
 
 
-def create_app(session: Session, name: str | None = None, api_key: str | None = None,
-               queue: int = 8, temperature: float | None = None, worker: Worker | None = None) -> FastAPI:
-    """The API over ``session`` (the caller closes it): OpenAI's under /v1, Ollama's under
+def create_app(session: Session | None = None, name: str | None = None, api_key: str | None = None,
+               queue: int = 8, temperature: float | None = None, worker: Worker | None = None,
+               models: Models | None = None) -> FastAPI:
+    """The API over ``session`` (the caller closes it), or over every model of ``models``
+    (loaded on demand; the app unloads them when it stops): OpenAI's under /v1, Ollama's under
     /api. ``temperature`` is what a request that gives none gets (None: each API's own
     default, OpenAI's 1 and Ollama's 0.8). ``worker``: the one that generates on ``session``
     (default :func:`~specli.serve.worker.make_worker`'s, ``queue`` places deep)."""
-    served = Served(session, worker or make_worker(session, queue), Prompter(session), model_ids(session, name))
+    d: Directory
+    if models is not None:
+        d = models
+    elif session is not None:
+        served = Served(session, worker or make_worker(session, queue), Prompter(session), model_ids(session, name))
+        d = One(served)
+    else:
+        raise ValueError("create_app needs a session or models")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        served.worker.start()
+        d.start()
         yield
-        await run_in_threadpool(served.worker.stop)
+        await run_in_threadpool(d.stop)
 
     def authorized(request: Request) -> None:
         if api_key is None:
@@ -44,16 +55,23 @@ def create_app(session: Session, name: str | None = None, api_key: str | None = 
             raise APIError(401, "missing or wrong API key (Authorization: Bearer KEY)", code="invalid_api_key")
 
     app = FastAPI(title="specli", lifespan=lifespan)
-    app.state.served, app.state.worker, app.state.session, app.state.model_ids = (
-        served, served.worker, session, served.ids)
+    app.state.models = d
+    if isinstance(d, One):
+        app.state.served, app.state.worker, app.state.session, app.state.model_ids = (
+            d.served, d.served.worker, session, d.served.ids)
+    else:
+        app.state.worker = d  # what the server's shutdown cancels
     _error_handlers(app)
     auth = [Depends(authorized)]
-    app.include_router(ollama.make_router(served, auth, temperature))
-    app.include_router(openai_api.make_router(served, auth, temperature))
+    app.include_router(ollama.make_router(d, auth, temperature))
+    app.include_router(openai_api.make_router(d, auth, temperature))
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "model": served.name, "mode": session.draft.mode.name, **served.worker.status()}
+        if isinstance(d, One):
+            return {"status": "ok", "model": d.served.name, "mode": d.served.session.draft.mode.name,
+                    **d.served.worker.status()}
+        return {"status": "ok", "loaded": [i.value.entry.name for i in d.loaded()]}
 
     return app
 

@@ -21,8 +21,10 @@ from starlette.concurrency import run_in_threadpool
 from specli import __version__
 from specli.constrain import Constraint
 from specli.errors import SpecliError
+from specli.resolve.catalog import UnknownModel
 from specli.serve.answer import answer
-from specli.serve.ollama_card import ModelCard
+from specli.serve.directory import Directory, Use, api_error, keep_alive, lease, within
+from specli.serve.ollama_pull import add_pull
 from specli.serve.ollama_reply import OllamaAnswer, Reply, single
 from specli.serve.ollama_schemas import AnswerBody, ChatBody, GenerateBody, ShowBody, error_line
 from specli.serve.shared import APIError, Prompter, Served, checked, tokens, tool_setup
@@ -33,6 +35,9 @@ from specli.toolcalls import Format
 # structured outputs on it); specli's own version rides beside it
 OLLAMA_VERSION = "0.12.0"
 SERVED = "/api/chat, /api/generate, /api/tags, /api/show, /api/ps, /api/version"
+WRITES = {"delete": "remove a model with the tool that stored it, e.g. ollama rm",
+          "create": "create models with ollama create", "copy": "copy models with ollama cp",
+          "push": "push models with ollama push", "blobs": "upload blobs with ollama create"}
 
 
 def _format(fmt: Any) -> Constraint | None:
@@ -71,29 +76,35 @@ class _Route(APIRoute):
         return route
 
 
-def make_router(served: Served, auth: list, temperature: float | None = None) -> APIRouter:
-    """Ollama's endpoints over ``served``; ``auth`` guards all but ``/`` and ``/api/version``;
-    ``temperature`` is what a request that gives none gets (None: Ollama's 0.8)."""
-    card = ModelCard(served)
+def make_router(d: Directory, auth: list, temperature: float | None = None) -> APIRouter:
+    """Ollama's endpoints over the models of ``d``; ``auth`` guards all but ``/`` and
+    ``/api/version``; ``temperature`` is what a request that gives none gets (None: Ollama's 0.8)."""
     router = APIRouter(route_class=_Route)
-    _listing(router, card, auth)
-    _answering(router, served, card, auth, temperature)
-
-    @router.api_route("/api/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "HEAD"], include_in_schema=False)
-    async def not_served(rest: str, request: Request):
-        raise APIError(404, f"{request.method} /api/{rest} is not served: specli serves one model, loaded when it "
-                            f"started (it serves {SERVED})")
-
+    _listing(router, d, auth)
+    _answering(router, d, auth, temperature)
+    if d.pulls:  # a pulled model is served only where every model on disk is
+        add_pull(router, auth, _parse)
+    _refusing(router, auth)
     return router
 
 
-def _check_model(card: ModelCard, name: str) -> None:
-    if name not in card.names():
-        raise APIError(404, f"model '{name}' not found; this server serves '{card.name}'")
+def _refusing(router: APIRouter, auth: list) -> None:
+    """What specli does not do: write into a store, or an endpoint it does not serve."""
+
+    @router.api_route("/api/{what}", methods=["POST", "DELETE"], dependencies=auth, include_in_schema=False)
+    async def writes(what: str, request: Request):
+        if what not in WRITES:
+            raise APIError(404, f"{request.method} /api/{what} is not served (specli serves {SERVED})")
+        raise APIError(403, f"/api/{what} is refused: specli never writes into another tool's model store "
+                            f"({WRITES[what]})")
+
+    @router.api_route("/api/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "HEAD"], include_in_schema=False)
+    async def not_served(rest: str, request: Request):
+        raise APIError(404, f"{request.method} /api/{rest} is not served (specli serves {SERVED})")
 
 
-def _listing(router: APIRouter, card: ModelCard, auth: list) -> None:
-    """``/``, ``/api/version``, and what the model is: ``/api/tags``, ``/api/ps``, ``/api/show``."""
+def _listing(router: APIRouter, d: Directory, auth: list) -> None:
+    """``/``, ``/api/version``, and what the models are: ``/api/tags``, ``/api/ps``, ``/api/show``."""
 
     @router.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def running() -> PlainTextResponse:
@@ -105,51 +116,79 @@ def _listing(router: APIRouter, card: ModelCard, auth: list) -> None:
 
     @router.get("/api/tags", dependencies=auth)
     async def tags() -> dict:
-        return {"models": [await card.listed()]}
+        return {"models": await d.tags()}
 
     @router.get("/api/ps", dependencies=auth)
     async def ps() -> dict:
-        return {"models": [await card.running()]}
+        return {"models": await d.running()}
 
     @router.post("/api/show", dependencies=auth)
     async def show(request: Request) -> dict:
         body = await _parse(request, ShowBody)
-        _check_model(card, body.model)
-        return card.show(body.verbose)
+        use = await lease(d, body.model, request, d.default_keep_alive)
+        return await within(d, use, lambda: _async(use.card.show, body.verbose))
 
 
-def _answering(router: APIRouter, served: Served, card: ModelCard, auth: list, temperature: float | None) -> None:
+async def _async(fn, *args):
+    return fn(*args)
+
+
+def _answering(router: APIRouter, d: Directory, auth: list, temperature: float | None) -> None:
     """``/api/chat`` and ``/api/generate``, through the shared answering path."""
-    prompter = served.prompter
 
-    async def respond(request: Request, body: AnswerBody, toks: list[int], reply: Reply,
+    async def respond(request: Request, body: AnswerBody, use: Use, toks: list[int], reply: Reply,
                       constraint: Constraint | None = None, fmt: Format | None = None):
-        job = _job(body, toks, prompter, temperature, constraint)
-        return await answer(request, served.worker, job, OllamaAnswer(reply), body.stream, fmt)
+        job = _job(body, toks, use.served.prompter, temperature, constraint)
+        return await answer(request, use.served.worker, job, OllamaAnswer(reply), body.stream, fmt)
+
+    async def empty(request: Request, body: AnswerBody, reply: Reply, keep: float | None):
+        """No prompt: load the model (``keep_alive: 0``: unload it)."""
+        if keep == 0:
+            try:
+                await d.unload(body.model)
+            except UnknownModel as e:
+                raise api_error(e) from None
+            return single(reply.unloaded(), body.stream)
+        use = await lease(d, body.model, request, keep)
+        await run_in_threadpool(d.release, use)
+        return single(reply.loaded(use.load_duration), body.stream)
 
     @router.post("/api/chat", dependencies=auth)
     async def chat(request: Request):
         body = await _parse(request, ChatBody)
         reply = Reply(body.model, chat=True)
-        _check_model(card, body.model)
+        keep = keep_alive(body.keep_alive, d.default_keep_alive)
         if not body.messages:
-            return single(reply.loaded(), body.stream)
-        fmt, tools, constraint = await run_in_threadpool(_tools, body, prompter)
-        if constraint is not None and body.format:
-            raise APIError(400, "format: tools and format each constrain the answer; give one of them")
-        msgs = [m.as_dict() for m in body.messages]
-        toks = await run_in_threadpool(tokens, prompter.chat, (msgs, tools, fmt), "messages")
-        return await respond(request, body, toks, reply, constraint, fmt if tools else None)
+            return await empty(request, body, reply, keep)
+        use = await lease(d, body.model, request, keep)
+        reply.load_duration = use.load_duration
+
+        async def go():
+            prompter = use.served.prompter
+            fmt, tools, constraint = await run_in_threadpool(_tools, body, prompter)
+            if constraint is not None and body.format:
+                raise APIError(400, "format: tools and format each constrain the answer; give one of them")
+            msgs = [m.as_dict() for m in body.messages]
+            toks = await run_in_threadpool(tokens, prompter.chat, (msgs, tools, fmt), "messages")
+            return await respond(request, body, use, toks, reply, constraint, fmt if tools else None)
+
+        return await within(d, use, go)
 
     @router.post("/api/generate", dependencies=auth)
     async def generate(request: Request):
         body = await _parse(request, GenerateBody)
         reply = Reply(body.model, chat=False)
-        _check_model(card, body.model)
+        keep = keep_alive(body.keep_alive, d.default_keep_alive)
         if not body.prompt:
-            return single(reply.loaded(), body.stream)
-        toks = await run_in_threadpool(_generate_tokens, body, served)
-        return await respond(request, body, toks, reply)
+            return await empty(request, body, reply, keep)
+        use = await lease(d, body.model, request, keep)
+        reply.load_duration = use.load_duration
+
+        async def go():
+            toks = await run_in_threadpool(_generate_tokens, body, use.served)
+            return await respond(request, body, use, toks, reply)
+
+        return await within(d, use, go)
 
 
 def _tools(body: ChatBody, prompter: Prompter) -> tuple[Format | None, list | None, Constraint | None]:

@@ -34,6 +34,7 @@ class Reply:
     def __init__(self, model: str, chat: bool):
         self.model, self.chat = model, chat
         self.t0 = time.perf_counter_ns()
+        self.load_duration = 0.0  # seconds this request waited for its model's load
 
     def part(self, text: str, calls: list[dict] | None = None) -> dict:
         body: dict = {"model": self.model, "created_at": rfc3339(time.time())}
@@ -44,15 +45,19 @@ class Reply:
         body["done"] = False
         return body
 
-    def loaded(self) -> dict:
+    def loaded(self, load_duration: float = 0.0) -> dict:
         """The answer to an empty request, which Ollama clients send to load the model."""
-        return self.part("") | {"done": True, "done_reason": "load"}
+        return self.part("") | {"done": True, "done_reason": "load", "load_duration": _ns(load_duration)}
+
+    def unloaded(self) -> dict:
+        """The answer to an empty request with ``keep_alive: 0``, which unloads the model."""
+        return self.part("") | {"done": True, "done_reason": "unload"}
 
     def done(self, ev: Event, n_prompt: int, text: str = "", calls: list[dict] | None = None) -> dict:
         st = ev.stats
         return self.part(text, calls) | {
             "done": True, "done_reason": ev.finish,
-            "total_duration": time.perf_counter_ns() - self.t0, "load_duration": 0,
+            "total_duration": time.perf_counter_ns() - self.t0, "load_duration": _ns(self.load_duration),
             "prompt_eval_count": n_prompt, "prompt_eval_duration": _ns(st.t_prefill),
             "eval_count": st.generated, "eval_duration": _ns(st.t_generate),
             "specli": {"mode": st.mode, "drafted": st.drafted, "accepted": st.accepted,

@@ -6,15 +6,16 @@ answer: a ``chat.completion`` / ``text_completion``, or its server-sent chunks."
 from __future__ import annotations
 
 import json
-import os
 
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from specli.constrain import Constraint
+from specli.resolve.catalog import UnknownModel
 from specli.serve.answer import Outcome, answer
+from specli.serve.directory import Directory, api_error, lease, within
 from specli.serve.schemas import ChatRequest, CompletionRequest, NamedChoice, Reply, Sampling, usage
-from specli.serve.shared import APIError, Prompter, Served, checked, schema_constraint, tokens, tool_setup
+from specli.serve.shared import APIError, Prompter, checked, schema_constraint, tokens, tool_setup
 from specli.serve.toolstream import ToolStream
 from specli.serve.worker import Event, Job
 from specli.speculate.loop import TokenLogprob
@@ -66,44 +67,55 @@ class OpenAIAnswer:
                                 usage(out.end.stats, n_prompt), [c.openai() for c in out.calls], out.logprobs)
 
 
-def make_router(served: Served, auth: list, temperature: float | None = None) -> APIRouter:
-    """OpenAI's endpoints over ``served``; ``auth`` guards them all; ``temperature`` is what a
-    request that gives none gets (None: OpenAI's 1)."""
+def make_router(d: Directory, auth: list, temperature: float | None = None) -> APIRouter:
+    """OpenAI's endpoints over the models of ``d``; ``auth`` guards them all; ``temperature``
+    is what a request that gives none gets (None: OpenAI's 1)."""
     temperature = DEFAULT_TEMPERATURE if temperature is None else temperature
-    prompter, ids = served.prompter, served.ids
     router = APIRouter(dependencies=auth)
 
     @router.get("/v1/models")
     async def list_models() -> dict:
-        return {"object": "list", "data": [_model_card(served)]}
+        return {"object": "list", "data": await run_in_threadpool(d.openai_models)}
 
     @router.get("/v1/models/{model_id:path}")
     async def get_model(model_id: str) -> dict:
-        _check_model(model_id, ids)
-        return _model_card(served)
+        try:
+            return await run_in_threadpool(d.openai_model, model_id)
+        except UnknownModel as e:
+            raise api_error(e) from None
 
     @router.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
-        _check_model(body.model, ids)
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "top_logprobs: needs logprobs set to true", param="top_logprobs")
-        msgs = [m.as_dict() for m in body.messages]
-        fmt, tools, constraint = await run_in_threadpool(_chat_tools, body, prompter)
-        constraint = _one_constraint(body, constraint)
-        toks = await run_in_threadpool(tokens, prompter.chat, (msgs, tools, fmt), "messages")
-        limit = body.limit or max(1, prompter.n_ctx - len(toks))  # OpenAI: up to the context's end
-        n_lp = (body.top_logprobs or 0) if body.logprobs else None
-        job = _job(body, toks, limit, temperature, constraint, n_lp)
-        return await answer(request, served.worker, job, _shape(body, Reply(True, ids[0])), body.stream,
-                            fmt if tools else None)
+        use = await lease(d, body.model, request, d.default_keep_alive)
+
+        async def go():
+            prompter, name = use.served.prompter, use.served.name
+            msgs = [m.as_dict() for m in body.messages]
+            fmt, tools, constraint = await run_in_threadpool(_chat_tools, body, prompter)
+            constraint = _one_constraint(body, constraint)
+            toks = await run_in_threadpool(tokens, prompter.chat, (msgs, tools, fmt), "messages")
+            limit = body.limit or max(1, prompter.n_ctx - len(toks))  # OpenAI: up to the context's end
+            n_lp = (body.top_logprobs or 0) if body.logprobs else None
+            job = _job(body, toks, limit, temperature, constraint, n_lp)
+            return await answer(request, use.served.worker, job, _shape(body, Reply(True, name)), body.stream,
+                                fmt if tools else None)
+
+        return await within(d, use, go)
 
     @router.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        _check_model(body.model, ids)
-        constraint = _one_constraint(body, None)
-        toks = await run_in_threadpool(tokens, prompter.raw, (body.prompt,), "prompt")
-        job = _job(body, toks, body.limit, temperature, constraint, body.logprobs)
-        return await answer(request, served.worker, job, _shape(body, Reply(False, ids[0])), body.stream)
+        use = await lease(d, body.model, request, d.default_keep_alive)
+
+        async def go():
+            constraint = _one_constraint(body, None)
+            toks = await run_in_threadpool(tokens, use.served.prompter.raw, (body.prompt,), "prompt")
+            job = _job(body, toks, body.limit, temperature, constraint, body.logprobs)
+            return await answer(request, use.served.worker, job, _shape(body, Reply(False, use.served.name)),
+                                body.stream)
+
+        return await within(d, use, go)
 
     return router
 
@@ -157,15 +169,3 @@ def _one_constraint(body: Sampling, tools: Constraint | None) -> Constraint | No
         return None
     ((param, c),) = asked.items()
     return checked(c, param)
-
-
-def _check_model(name: str, ids: list[str]) -> None:
-    if name not in ids:
-        raise APIError(404, f"the model '{name}' does not exist; this server serves '{ids[0]}'",
-                       param="model", code="model_not_found")
-
-
-def _model_card(served: Served) -> dict:
-    path = served.session.target.path
-    created = int(os.path.getmtime(path)) if os.path.exists(path) else 0
-    return {"id": served.name, "object": "model", "created": created, "owned_by": "specli"}
