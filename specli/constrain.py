@@ -25,7 +25,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from specli.errors import SpecliError
-from specli.speculate.drafters import FORCED, Draft, Drafter
+from specli.speculate.drafters import Drafter
+from specli.speculate.source import FORCED, Draft
 
 try:
     import llguidance

@@ -14,9 +14,10 @@ from specli.engine import Context, ContextConfig, ContextFull, Model, SeqContext
 from specli.errors import SpecliError
 from specli.session import Options, Session
 from specli.speculate.batch import MODEL_SHARE, NOTHING, Batch, Estimate, allocate
-from specli.speculate.drafters import Draft, ModelDrafter
+from specli.speculate.drafters import ModelDrafter
 from specli.speculate.registry import DraftKind
 from specli.speculate.settings import SpecSettings
+from specli.speculate.source import Draft
 from specli.speculate.verify import SamplingParams
 
 CTX = 512

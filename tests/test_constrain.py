@@ -16,9 +16,10 @@ from specli.constrain import FORCED, Constraint, ForcedDrafter, from_options
 from specli.engine import Context, Model
 from specli.errors import SpecliError
 from specli.speculate.adaptive import adaptive_drafter, lookup_drafter
-from specli.speculate.drafters import Draft, Drafter, LookupDrafter, ModelDrafter, NoDrafter, greedy_drafts
+from specli.speculate.drafters import Drafter, LookupDrafter, ModelDrafter, NoDrafter, greedy_drafts
 from specli.speculate.loop import generate
 from specli.speculate.settings import SpecSettings
+from specli.speculate.source import Draft
 from specli.speculate.verify import SamplingParams, probs_from_logits
 
 SCHEMA = {

@@ -1,5 +1,6 @@
-from specli.speculate.drafters import AMBIGUOUS, RESYNC, LookupDrafter, Source, lookup_key
+from specli.speculate.drafters import LookupDrafter
 from specli.speculate.lookup import NgramIndex, Substitutions, lookup_draft
+from specli.speculate.source import AMBIGUOUS, RESYNC, Source, lookup_key
 
 
 def test_longest_match_first_and_latest_occurrence():

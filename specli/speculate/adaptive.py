@@ -12,16 +12,9 @@ from specli.speculate.controller import (
     CostModel,
     marginal_token_pays,
 )
-from specli.speculate.drafters import (
-    FORCED,
-    MODEL,
-    Draft,
-    Drafter,
-    LookupDrafter,
-    PaidDrafter,
-    Source,
-)
+from specli.speculate.drafters import Drafter, LookupDrafter, PaidDrafter
 from specli.speculate.settings import SpecSettings
+from specli.speculate.source import FORCED, MODEL, Draft, Source
 from specli.tokens import common_prefix
 
 CONFIDENCE_BINS = (0.3, 0.5, 0.7, 0.85, 0.95, 1.01)

@@ -42,9 +42,10 @@ from specli.hardware import calibrate
 from specli.speculate import registry
 from specli.speculate.adaptive import CATCH_UP_PRICED, AdaptiveDrafter
 from specli.speculate.controller import block_ratio
-from specli.speculate.drafters import FORCED, Draft, Drafter, ModelDrafter
+from specli.speculate.drafters import Drafter, ModelDrafter
 from specli.speculate.loop import Response, generate
 from specli.speculate.registry import DraftKind
+from specli.speculate.source import FORCED, Draft
 from specli.speculate.verify import SamplingParams
 from specli.tokens import common_prefix
 

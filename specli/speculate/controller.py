@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from specli.speculate.drafters import AMBIGUOUS, LOOKUP, NONE, RESYNC, Source
 from specli.speculate.settings import DEFAULTS
+from specli.speculate.source import AMBIGUOUS, LOOKUP, NONE, RESYNC, Source
 
 # a drafter that is off is probed as if its drafts were this good (were they, would it pay?)
 GOOD_DRAFTS = 0.95

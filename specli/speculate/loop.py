@@ -18,8 +18,9 @@ import numpy as np
 from specli.constrain import Constraint, Guide
 from specli.engine import Context, Model
 from specli.errors import PromptTooLong, SpecliError
-from specli.speculate.drafters import Draft, Drafter, Source
+from specli.speculate.drafters import Drafter
 from specli.speculate.settings import DEFAULTS
+from specli.speculate.source import Draft, Source
 from specli.speculate.verify import Sampler, SamplingParams, accept
 
 # why a generation ended, as OpenAI's finish_reason where one fits
