@@ -7,6 +7,7 @@ import threading
 from dataclasses import replace
 
 import pytest
+from batchhelp import run_together
 from conftest import TEST_CACHE
 from tiny2026 import tiny_2026_model
 
@@ -37,7 +38,7 @@ def solo(sess, prompt, params, max_tokens):
 
 
 def batched(batch, reqs):
-    out = batch.run(reqs)
+    out = run_together(batch, reqs)
     return [([t for ch in r.chunks for t in ch.tokens], r.finish_reason) for r in out]
 
 
@@ -217,7 +218,7 @@ def test_a_slot_drafts_lookups_copy_at_the_batchs_length_and_learns_from_copies_
     a.busy = b.busy = True
     ctl = a.drafter.inner.ctl
     context = two.target.tokenize("1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3,")
-    batch._curve = [0.10, 0.18, 0.19, 0.20] + [1.0] * 14  # rows 2-4 cost about the same; 5 and up, 5x
+    batch.calibration = [0.10, 0.18, 0.19, 0.20] + [1.0] * 14  # rows 2-4 cost about the same; 5 and up, 5x
     look = a.drafter.inner.lookup_proposal(context, 8)
     assert len(look.tokens) >= 4
     acc = ctl.acceptance(look.source)

@@ -4,8 +4,10 @@
 ``close`` frees what the drafter holds. A drafter keeps its own state (a KV cache, an n-gram
 index) apart from the verify loop and brings it in line with the context it is handed.
 
+The contract and the capabilities beyond it are declared in :mod:`specli.speculate.contract`.
 Drafters that pay a forward pass per drafted token (a draft model, the target's MTP layers)
-follow :class:`PaidDrafter` as well: the adaptive policy drives and prices them through it.
+derive from :class:`PaidDrafter` (:class:`~specli.speculate.contract.PricedPerPass`): the
+adaptive policy drives and prices them through it.
 Adding a drafter means a class here (or beside it) and its entry in
 :mod:`specli.speculate.registry`.
 """
@@ -18,100 +20,28 @@ import numpy as np
 
 from specli.engine import Context, ContextConfig, Model
 from specli.hardware import calibrate
+from specli.speculate.contract import Drafter, KeepGoing, PricedPerPass
 from specli.speculate.lookup import NgramIndex, Substitutions
 from specli.speculate.settings import DEFAULTS
 from specli.speculate.source import LOOKUP, MODEL, RESYNC, Draft, Source, lookup_key
 from specli.tokens import common_prefix
 
 
-class Drafter:
-    """The contract every drafter follows; ``begin``, ``observe``, ``repair`` and ``close`` do
-    nothing by default. ``name``: the mode it drafts in, as stats and reports say it
-    (:mod:`specli.speculate.registry` names what it builds)."""
-
-    name = "none"
-    guide = None  # the answer's constraint state, when it has one (see constrain)
-    sampler = None  # the answer's Sampler (see sampling)
-
-    def begin(self, prompt: Sequence[int], max_tokens: int | None) -> None:
-        """Before an answer: its prompt and the most tokens it may take (None: no cap)."""
-
-    def constrain(self, guide) -> None:
-        """Before an answer: its constraint's grammar state (a :class:`specli.constrain.Guide`,
-        or None). The loop clips every draft to what the grammar allows; a model drafter
-        drafts under the grammar too (:func:`greedy_drafts`), so its drafts are not cut."""
-        self.guide = guide
-
-    def sampling(self, sampler) -> None:
-        """Before an answer: its :class:`specli.speculate.verify.Sampler`. A model drafter
-        drafts with its noise (:func:`draft_top`), so its tokens are the target's own samples
-        wherever the two models agree."""
-        self.sampler = sampler
-
-    def propose(self, context: Sequence[int], max_len: int) -> Draft:
-        raise NotImplementedError
-
-    def observe(self, draft: Draft, n_accepted: int, emitted: list[int], t_draft: float, t_verify: float) -> None:
-        """After each step: the draft, how many of its tokens the target kept, the tokens the
-        step emitted (kept + the target's own), and the seconds drafting and verifying took."""
-
-    def repair(self) -> None:
-        """After an answer interrupted mid-step: drop cache entries the drafter's own contexts
-        do not account for (:meth:`specli.engine.Context.repair`)."""
-
-    def plain_rate(self) -> float | None:
-        """Tokens/s of a plain target step as this drafter has measured it (refreshed by the
-        steps it has seen); None for a drafter that measures nothing."""
-        return None
-
-    def forced(self, n: int, max_len: int) -> int:
-        """How many of the ``n`` tokens a constraint forces next are worth drafting in a block
-        of at most ``max_len`` (:class:`specli.constrain.ForcedDrafter`): all of them, unless
-        the drafter prices its steps."""
-        return n
-
-    def room(self, max_len: int) -> int:
-        """The most tokens this step's draft may hold, forced tokens too (a slot in a batch:
-        its share, :func:`specli.speculate.batch.allocate`); ``max_len`` by default."""
-        return max_len
-
-    def continuation(self, context: Sequence[int], head: Sequence[int], max_len: int, min_match: int) -> list[int]:
-        """Up to ``max_len`` tokens that copy on from the context after ``context + head``
-        (prompt lookup), where the drafter has lookup; none by default."""
-        return []
-
-    def observe_forced(self, draft: Draft, n_forced: int, n_accepted: int, emitted: list[int],
-                       t_draft: float, t_verify: float) -> None:
-        """After a step that drafted ``n_forced`` forced tokens (then maybe a copy): what it
-        cost, and how many of them the target kept, for a drafter that learns them."""
-
-    def close(self) -> None:
-        pass
-
-
-class PaidDrafter(Drafter):
+class PaidDrafter(Drafter, PricedPerPass):
     """A drafter that pays a forward pass for every token it drafts: a draft model, or the
-    target's own MTP layers. :class:`~specli.speculate.adaptive.AdaptiveDrafter` drives it
-    token by token (``keep_going``), prices its catch-up (``behind``) and its tokens
-    (``token_cost``), and learns its acceptance under ``source``."""
+    target's own MTP layers or a head (:class:`~specli.speculate.contract.PricedPerPass`)."""
 
     source: Source = MODEL
     max_len: int | None = None  # the most tokens one draft can hold (a DFlash head's block); None: any
 
-    def propose(self, context: Sequence[int], max_len: int,
-                keep_going: Callable[[int, float, list[int]], bool] | None = None, p_min: float | None = None) -> Draft:
-        """Draft up to ``max_len`` tokens greedily. Before adding token i (0-based) with top
-        probability p, stop if p < p_min (this call's, else the drafter's) or
-        ``keep_going(i, p, tokens)`` says it no longer pays; before the pass that would show
-        token i, stop if ``keep_going(i, None, tokens)`` says even looking does not pay."""
+    def propose(self, context: Sequence[int], max_len: int, keep_going: KeepGoing | None = None,
+                p_min: float | None = None) -> Draft:
         raise NotImplementedError
 
     def behind(self, context: Sequence[int]) -> int:
-        """The tokens of ``context`` it has not seen yet: what its next draft first evaluates."""
         raise NotImplementedError
 
     def token_cost(self) -> float:
-        """Seconds per drafted token on this machine (measured once, then cached)."""
         raise NotImplementedError
 
 
@@ -292,9 +222,10 @@ class ModelDrafter(PaidDrafter):
     name = "model"
     source = MODEL
 
-    def __init__(self, model: Model, cfg: ContextConfig, p_min: float = DEFAULTS.draft_p_min):
+    def __init__(self, model: Model, cfg: ContextConfig, p_min: float = DEFAULTS.draft_p_min,
+                 ctx: Context | None = None):
         self.model, self.cfg, self.p_min = model, cfg, p_min
-        self._ctx: Context | None = None
+        self._ctx = ctx  # None: made on first use
 
     @property
     def ctx(self) -> Context:
@@ -304,8 +235,8 @@ class ModelDrafter(PaidDrafter):
             self._ctx = Context(self.model, self.cfg)
         return self._ctx
 
-    def propose(self, context: Sequence[int], max_len: int,
-                keep_going: Callable[[int, float, list[int]], bool] | None = None, p_min: float | None = None) -> Draft:
+    def propose(self, context: Sequence[int], max_len: int, keep_going: KeepGoing | None = None,
+                p_min: float | None = None) -> Draft:
         p_min = self.p_min if p_min is None else p_min
         if max_len <= 0:
             return Draft([], MODEL)
