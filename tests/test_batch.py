@@ -270,7 +270,7 @@ def test_the_slots_draft_models_run_as_one_batch_each_drafting_what_it_drafts_al
     assert st["max_sequences"] == 3 and st["decodes"] < passes  # the slots' passes went together
     # the draft model's only cache is the batch's, a sequence a slot (the memory plan counts
     # n_ctx x 3 draft tokens): the session's own drafter never made one
-    assert three.drafter.name == "none" and three.paid(DraftKind.MODEL)._ctx is None
+    assert three.drafter.name == "none" and not three.paid(DraftKind.MODEL).has_cache
     assert batch.drafts.ctx.n_seq == 3
     batch.close()
     one.close()

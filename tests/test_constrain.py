@@ -276,7 +276,7 @@ def test_a_draft_runs_on_through_forced_and_copied_text(tm):
     seen.clear()
     assert g.extend(bo, 20, copy) == [] and seen == []
     assert g.extend(bo, 20, copy, forced=1) == tm.tokenize("42", add_special=False) and seen[0][1] == 1
-    assert np.array_equal(g.allowed(), before) and g._ahead == []
+    assert np.array_equal(g.allowed(), before) and g.ahead == 0
 
 
 def test_a_model_draft_stops_where_the_grammar_forces_the_next_token(tm):

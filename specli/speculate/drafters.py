@@ -235,6 +235,11 @@ class ModelDrafter(PaidDrafter):
             self._ctx = Context(self.model, self.cfg)
         return self._ctx
 
+    @property
+    def has_cache(self) -> bool:
+        """Whether its KV cache has been made (or handed to it)."""
+        return self._ctx is not None
+
     def propose(self, context: Sequence[int], max_len: int, keep_going: KeepGoing | None = None,
                 p_min: float | None = None) -> Draft:
         p_min = self.p_min if p_min is None else p_min
