@@ -35,11 +35,12 @@ from pathlib import Path
 
 import yaml
 
-from specli.constrain import Constraint, ForcedDrafter
+from specli.constrain import Constraint
 from specli.engine import extra_buffer_types
 from specli.measure.lossless import divergence
 from specli.session import Options, Session
 from specli.speculate.drafters import NoDrafter
+from specli.speculate.forced import ForcedDrafter
 from specli.speculate.settings import SpecSettings
 from specli.speculate.verify import SamplingParams
 

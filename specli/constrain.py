@@ -11,7 +11,7 @@ constrained output, with or without speculation.
 
 JSON schemas compile to one-line JSON with ``", "`` and ``": "`` between items (as Python's
 ``json.dumps`` writes it): no free whitespace, so keys and punctuation are forced, and drafted
-for free (:class:`ForcedDrafter`). A schema's own ``x-guidance`` options override that.
+for free (:class:`specli.speculate.forced.ForcedDrafter`). A schema's own ``x-guidance`` options override that.
 """
 
 from __future__ import annotations
@@ -20,12 +20,11 @@ import json
 import warnings
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from specli.errors import SpecliError
-from specli.speculate.drafters import FORCED, Draft, Drafter
 
 try:
     import llguidance
@@ -201,6 +200,17 @@ class Guide:
             if pushed:
                 self.m.rollback(pushed)
 
+    def consume_ahead(self, tok: int) -> None:
+        """Consume a draft token past the emitted ones (:meth:`masks`; :meth:`settle` then
+        rolls back what the target did not keep)."""
+        self.m.consume_token(tok)
+        self._ahead.append(tok)
+
+    @property
+    def ahead(self) -> int:
+        """Draft tokens consumed past the emitted ones."""
+        return len(self._ahead)
+
     def forced(self, max_len: int) -> list[int]:
         """Tokens the grammar forces next (llguidance's fast-forward tokens), up to ``max_len``."""
         return self.m.compute_ff_tokens()[:max_len] if max_len > 0 else []
@@ -285,87 +295,9 @@ class _Masks:
         while len(self.rows) <= i:
             j = len(self.rows)
             if j:
-                g.m.consume_token(self.draft[j - 1])
-                g._ahead.append(self.draft[j - 1])
+                g.consume_ahead(self.draft[j - 1])
             self.rows.append(g.allowed())
         return self.rows[i]
-
-
-
-
-class ForcedDrafter(Drafter):
-    """Drafts the tokens the grammar forces next (keys, punctuation, the end of a structure)
-    for free; with nothing forced, the ``inner`` drafter proposes as usual, stopping where the
-    grammar forces the next token. Either way the draft then runs on (:meth:`Guide.extend`):
-    the tokens the grammar forces after it; after forced tokens, prompt lookup's copy where
-    they and the ``continue_min`` tokens before them run into text the context holds (priced
-    by the inner drafter's controller); what the grammar forces after that, and so on.
-    Forced text can be tokenised more than one way and the target may choose another way, so
-    forced tokens are drafts to verify like any other: their acceptance is learned
-    (``FORCED``) by the inner drafter's controller when it has one, and the controller decides
-    how many pay. Without a constraint it is the inner drafter."""
-
-    def __init__(self, inner: Drafter, continue_min: int = 4):
-        self.inner = inner
-        self.name = "forced" if inner.name == "none" else f"{inner.name}+forced"
-        self.guide: Guide | None = None
-        self.continue_min = continue_min
-        self._ours = False
-
-    def begin(self, prompt: Sequence[int], max_tokens: int | None) -> None:
-        self.inner.begin(prompt, max_tokens)
-
-    def constrain(self, guide: Guide | None) -> None:
-        self.guide = guide
-        if guide is not None:
-            guide.chained = True
-        self.inner.constrain(guide)
-
-    def sampling(self, sampler) -> None:
-        self.inner.sampling(sampler)
-
-    def propose(self, context: Sequence[int], max_len: int) -> Draft:
-        self._ours = False
-        g = self.guide
-        if g is None:
-            return self.inner.propose(context, max_len)
-        max_len = self.inner.room(max_len)
-        forced = g.forced(max_len)
-        if forced:
-            forced = forced[:self.inner.forced(len(forced), max_len)]
-        if forced:
-            self._ours = True
-            d = Draft(forced, FORCED, [1.0] * len(forced))
-        else:
-            d = self.inner.propose(context, max_len)
-            toks = g.clip(d.tokens[:max_len])
-            if len(toks) < len(d.tokens):
-                d = replace(d, tokens=toks, confidence=d.confidence[:len(toks)])
-            if not toks:
-                return d
-
-        def copy(head: list[int], n: int, forced: int) -> list[int]:
-            # the forced tokens match wherever the structure recurs (the last item's keys): a
-            # copy must match text before them too, as when the answer edits JSON it was given
-            return self.inner.continuation(context, head, n, forced + self.continue_min)
-
-        more = g.extend(d.tokens, max_len - len(d.tokens), copy, forced=len(d.tokens) if self._ours else 0)
-        return replace(d, tokens=d.tokens + more) if more else d
-
-    def observe(self, draft: Draft, n_accepted: int, emitted: list[int], t_draft: float, t_verify: float) -> None:
-        if self._ours:
-            self.inner.observe_forced(draft, len(draft.confidence), n_accepted, emitted, t_draft, t_verify)
-        else:
-            self.inner.observe(draft, n_accepted, emitted, t_draft, t_verify)
-
-    def repair(self) -> None:
-        self.inner.repair()
-
-    def plain_rate(self) -> float | None:
-        return self.inner.plain_rate()
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def from_options(json_schema: str | None = None, regex: str | None = None,

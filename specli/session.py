@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from specli.constrain import Constraint, ForcedDrafter
+from specli.constrain import Constraint
 from specli.engine import Context, ContextConfig, Model
 from specli.errors import SpecliError
 from specli.hardware import calibrate
@@ -21,7 +21,7 @@ from specli.prompt import build_prompt
 from specli.resolve import vocab
 from specli.resolve.choose import DraftPlan, apply_profile_defaults, choose_models
 from specli.resolve.profiles import Profile
-from specli.speculate import registry
+from specli.speculate import forced, registry
 from specli.speculate.adaptive import lookup_drafter
 from specli.speculate.drafters import Drafter, LookupDrafter, ModelDrafter, NoDrafter, PaidDrafter
 from specli.speculate.heads import DFlashDrafter, Eagle3Drafter, dflash_context, eagle3_context
@@ -221,9 +221,7 @@ class Session:
                  constraint: Constraint | None = None, logprobs: int | None = None) -> Response:
         """Generate with the session's drafter (or ``drafter``); under a ``constraint`` a
         speculating drafter also drafts the tokens the grammar forces (:class:`ForcedDrafter`)."""
-        d = drafter or self.drafter
-        if constraint is not None and d.name != "none" and not isinstance(d, ForcedDrafter):
-            d = ForcedDrafter(d)
+        d = forced.under(drafter or self.drafter, constraint)
         return generate(self.ctx, prompt, d, params, max_tokens, self.opts.spec.draft_max, exact_prefill, constraint,
                         logprobs)
 

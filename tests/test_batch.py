@@ -7,6 +7,7 @@ import threading
 from dataclasses import replace
 
 import pytest
+from batchhelp import run_together
 from conftest import TEST_CACHE
 from tiny2026 import tiny_2026_model
 
@@ -14,9 +15,10 @@ from specli.engine import Context, ContextConfig, ContextFull, Model, SeqContext
 from specli.errors import SpecliError
 from specli.session import Options, Session
 from specli.speculate.batch import MODEL_SHARE, NOTHING, Batch, Estimate, allocate
-from specli.speculate.drafters import Draft, ModelDrafter
+from specli.speculate.drafters import ModelDrafter
 from specli.speculate.registry import DraftKind
 from specli.speculate.settings import SpecSettings
+from specli.speculate.source import Draft
 from specli.speculate.verify import SamplingParams
 
 CTX = 512
@@ -36,7 +38,7 @@ def solo(sess, prompt, params, max_tokens):
 
 
 def batched(batch, reqs):
-    out = batch.run(reqs)
+    out = run_together(batch, reqs)
     return [([t for ch in r.chunks for t in ch.tokens], r.finish_reason) for r in out]
 
 
@@ -216,7 +218,7 @@ def test_a_slot_drafts_lookups_copy_at_the_batchs_length_and_learns_from_copies_
     a.busy = b.busy = True
     ctl = a.drafter.inner.ctl
     context = two.target.tokenize("1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3,")
-    batch._curve = [0.10, 0.18, 0.19, 0.20] + [1.0] * 14  # rows 2-4 cost about the same; 5 and up, 5x
+    batch.calibration = [0.10, 0.18, 0.19, 0.20] + [1.0] * 14  # rows 2-4 cost about the same; 5 and up, 5x
     look = a.drafter.inner.lookup_proposal(context, 8)
     assert len(look.tokens) >= 4
     acc = ctl.acceptance(look.source)
@@ -268,7 +270,7 @@ def test_the_slots_draft_models_run_as_one_batch_each_drafting_what_it_drafts_al
     assert st["max_sequences"] == 3 and st["decodes"] < passes  # the slots' passes went together
     # the draft model's only cache is the batch's, a sequence a slot (the memory plan counts
     # n_ctx x 3 draft tokens): the session's own drafter never made one
-    assert three.drafter.name == "none" and three.paid(DraftKind.MODEL)._ctx is None
+    assert three.drafter.name == "none" and not three.paid(DraftKind.MODEL).has_cache
     assert batch.drafts.ctx.n_seq == 3
     batch.close()
     one.close()

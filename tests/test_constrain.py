@@ -12,13 +12,15 @@ from clihelp import specli
 from test_engine_exact import CFG, PROMPTS, _grounded_prompt
 from test_verify import chi2_critical, chi2_stat
 
-from specli.constrain import FORCED, Constraint, ForcedDrafter, from_options
+from specli.constrain import Constraint, from_options
 from specli.engine import Context, Model
 from specli.errors import SpecliError
 from specli.speculate.adaptive import adaptive_drafter, lookup_drafter
-from specli.speculate.drafters import Draft, Drafter, LookupDrafter, ModelDrafter, NoDrafter, greedy_drafts
+from specli.speculate.drafters import Drafter, LookupDrafter, ModelDrafter, NoDrafter, greedy_drafts
+from specli.speculate.forced import ForcedDrafter
 from specli.speculate.loop import generate
 from specli.speculate.settings import SpecSettings
+from specli.speculate.source import FORCED, Draft
 from specli.speculate.verify import SamplingParams, probs_from_logits
 
 SCHEMA = {
@@ -148,6 +150,9 @@ def test_forced_drafts_keep_to_the_room_a_batch_gives(tm):
         def room(self, max_len):
             return min(max_len, 2)
 
+        def forced(self, n, max_len):
+            return n
+
         def observe_forced(self, draft, n_forced, n_accepted, emitted, t_draft, t_verify):
             self.sizes.append(len(draft.tokens))
 
@@ -170,13 +175,13 @@ def test_a_copy_after_forced_tokens_is_priced_like_lookup():
     d.lookup.propose(ctx, 8)
     head = [110, 111]  # the match: 100..111, 12 tokens
     src = d.lookup.continuation(ctx, head, 8, 4).source
-    assert d.continuation(ctx, head, 8, 13) == []  # shorter than asked
+    assert d.continuation(ctx, head, 8, 13).tokens == []  # shorter than asked
     for _ in range(40):
         d.ctl.observe(src, 4, 4)
-    assert d.continuation(ctx, head, 8, 12) == list(range(112, 120))
+    assert d.continuation(ctx, head, 8, 12).tokens == list(range(112, 120))
     for _ in range(40):
         d.ctl.observe(src, 4, 0)
-    assert d.continuation(ctx, head, 8, 12) == []
+    assert d.continuation(ctx, head, 8, 12).tokens == []
 
 
 def test_forced_tokens_are_drafted_and_learned(tm, dm):
@@ -188,7 +193,7 @@ def test_forced_tokens_are_drafted_and_learned(tm, dm):
     assert toks == plain
     assert st.drafted_by_source.get("forced", 0) >= 4
     assert d.inner.ctl.sources[FORCED].f_n > 2  # its acceptance is learned like any source's
-    assert d.name == "lookup+forced" and st.mode == "lookup+forced"
+    assert d.name == "adaptive+forced" and st.mode == "adaptive+forced"
 
 
 class Misleading(Drafter):
@@ -230,7 +235,7 @@ def test_guide_masks_consume_and_settle_rolls_back(tm):
     d = g.clip(forced + [int(after[0]), tm.eos])  # the end is not allowed there: cut
     assert d == forced + [int(after[0])]
     m = g.masks(d)
-    assert m[len(d)].sum() > 0 and len(g._ahead) == len(d)  # reading the last mask consumed the draft
+    assert m[len(d)].sum() > 0 and g.ahead == len(d)  # reading the last mask consumed the draft
     # the target kept all but the last drafted token and chose its own instead
     alt = int(after[1])
     assert m[len(forced)][alt]
@@ -271,7 +276,7 @@ def test_a_draft_runs_on_through_forced_and_copied_text(tm):
     seen.clear()
     assert g.extend(bo, 20, copy) == [] and seen == []
     assert g.extend(bo, 20, copy, forced=1) == tm.tokenize("42", add_special=False) and seen[0][1] == 1
-    assert np.array_equal(g.allowed(), before) and g._ahead == []
+    assert np.array_equal(g.allowed(), before) and g.ahead == 0
 
 
 def test_a_model_draft_stops_where_the_grammar_forces_the_next_token(tm):
@@ -386,6 +391,58 @@ def test_cli_json_schema_prints_the_plain_constrained_output(tmp_path, tiny_targ
                           "--prompt", "An email address:")
     assert rc == 0, err
     assert re.fullmatch(EMAIL, out.strip()), out
+
+
+def test_cli_lookup_fixed_under_a_json_schema_prints_the_plain_constrained_output(tmp_path, tiny_target):
+    """Issue #36's crash: --draft lookup --fixed --json-schema S ended in "internal error:
+    TypeError: 'Draft' object is not iterable" (lookup's copy is a Draft, the grammar's
+    run-on expected a list). Greedy, it prints what plain constrained decoding prints."""
+    schema = tmp_path / "person.json"
+    schema.write_text(json.dumps(SCHEMA))
+    common = [*GREEDY, "--json-schema", str(schema), "--json", "--prompt",
+              'Ada is 36 and an admin. {"name": "Ada", "age": 36, "role": "admin", "tags": []}']
+    outs = {}
+    for draft in (["none"], ["lookup", "--fixed"]):
+        rc, out, err = specli("run", "--target", tiny_target, "--draft", *draft, *common)
+        assert rc == 0, err
+        assert "internal error" not in err
+        outs[draft[0]] = json.loads(out)
+    assert outs["lookup"]["tokens"] == outs["none"]["tokens"]
+    assert outs["lookup"]["text"] == outs["none"]["text"]
+    assert set(json.loads(outs["none"]["text"])) == set(SCHEMA["properties"])
+
+
+@pytest.mark.parametrize("mode", ["lookup", "lookup-fixed", "model-fixed", "hybrid", "model"])
+@pytest.mark.parametrize("constraint", [Constraint.json_schema(SCHEMA), Constraint.regex(EMAIL)],
+                         ids=["schema", "regex"])
+def test_every_registry_mode_under_a_constraint_is_plain_constrained(pair_session, mode, constraint):
+    """Each mode as the registry builds it, under a schema and a regular expression, through
+    the session's constrained path (ForcedDrafter over the mode's capabilities): greedy text
+    equals plain constrained decoding's."""
+    sess = pair_session
+    prompt = _grounded_prompt(sess.target, PROMPTS[0])
+
+    def tokens(m):
+        sess.ctx.clear()
+        d = sess.drafter_for(m)
+        resp = sess.generate(prompt, SamplingParams(), 80, d, constraint=constraint)
+        out = [t for ch in resp for t in ch.tokens]
+        return out, resp.stats
+
+    plain, _ = tokens("none")
+    out, st = tokens(mode)
+    assert out == plain, mode
+    assert st.mode == f"{mode}+forced"
+
+
+@pytest.fixture(scope="module")
+def pair_session(tiny_target, tiny_draft):
+    from specli.session import Options, Session
+
+    sess = Session(Options(target=tiny_target, draft=tiny_draft, spec=SpecSettings(draft_max=6)),
+                   build_drafter=False)
+    yield sess
+    sess.close()
 
 
 @pytest.mark.parametrize("args, msg", [

@@ -13,7 +13,8 @@ from specli.speculate.controller import (
     marginal_token_pays,
     step_rate,
 )
-from specli.speculate.drafters import MODEL, NONE, Draft, LookupDrafter, Source, lookup_key
+from specli.speculate.drafters import LookupDrafter
+from specli.speculate.source import MODEL, NONE, Draft, Source, lookup_key
 
 L2, L4, L16 = Source("lookup", 2), Source("lookup", 4), Source("lookup", 16)
 

@@ -13,7 +13,7 @@ from research.lab.llamacpp_policies import (
     draft_simple_p,
     ngram_simple_draft,
 )
-from specli.speculate.drafters import LOOKUP, Draft
+from specli.speculate.source import LOOKUP, Draft
 
 P = list(range(1, 13))  # a 12-gram
 F = list(range(100, 200))  # what follows it

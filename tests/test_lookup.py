@@ -1,5 +1,13 @@
-from specli.speculate.drafters import AMBIGUOUS, RESYNC, LookupDrafter, Source, lookup_key
-from specli.speculate.lookup import NgramIndex, Substitutions, lookup_draft
+from specli.speculate.drafters import LookupDrafter
+from specli.speculate.lookup import NgramIndex, Substitutions
+from specli.speculate.source import AMBIGUOUS, RESYNC, Source, lookup_key
+
+
+def lookup_draft(tokens, max_draft, n_min=1, n_max=4):
+    """An index over one context, asked once."""
+    idx = NgramIndex(n_min, n_max)
+    idx.extend(tokens)
+    return idx.find(max_draft)
 
 
 def test_longest_match_first_and_latest_occurrence():

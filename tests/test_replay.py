@@ -32,9 +32,10 @@ from research.studies import copy_evidence, lookup_gap
 from research.studies import replay as study
 from specli.engine import Context, ContextConfig, Model
 from specli.speculate.adaptive import adaptive_drafter, lookup_drafter
-from specli.speculate.drafters import MODEL, Draft, Drafter, LookupDrafter, ModelDrafter, lookup_key
+from specli.speculate.drafters import Drafter, LookupDrafter, ModelDrafter
 from specli.speculate.loop import generate
 from specli.speculate.settings import DEFAULTS
+from specli.speculate.source import MODEL, Draft, lookup_key
 from specli.speculate.verify import SamplingParams
 
 CPU = Costs.measured("vm", VM_CURVE, 0.5)

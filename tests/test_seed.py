@@ -9,8 +9,9 @@ from clihelp import specli
 from curves import gpu_like_costs
 
 from specli.session import Options, Session
-from specli.speculate.drafters import LOOKUP, Draft, Drafter
+from specli.speculate.drafters import Drafter
 from specli.speculate.loop import generate
+from specli.speculate.source import LOOKUP, Draft
 from specli.speculate.verify import SamplingParams
 
 PROMPT = "Once upon a time"

@@ -76,7 +76,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from specli.speculate.drafters import LOOKUP, Draft, Drafter
+from specli.speculate.drafters import Drafter
+from specli.speculate.source import LOOKUP, Draft
 
 _U64 = (1 << 64) - 1
 _MULT = 6364136223846793005

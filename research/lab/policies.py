@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 from research.lab.replay import Clock, Costs, Trace, TraceModel, replay
 from specli.speculate.adaptive import adaptive_drafter, lookup_drafter
-from specli.speculate.drafters import MODEL, MTP, Draft, Drafter
+from specli.speculate.drafters import Drafter
 from specli.speculate.settings import DEFAULTS, SpecSettings
+from specli.speculate.source import MODEL, MTP, Draft
 
 SOURCES = {"model": MODEL, "mtp": MTP}
 

@@ -29,15 +29,9 @@ from pathlib import Path
 from specli.engine import Context
 from specli.errors import SpecliError
 from specli.speculate.controller import block_ratio
-from specli.speculate.drafters import (
-    Draft,
-    Drafter,
-    NoDrafter,
-    Source,
-    greedy_drafts,
-    row_top,
-)
+from specli.speculate.drafters import Drafter, NoDrafter, greedy_drafts, row_top
 from specli.speculate.loop import generate
+from specli.speculate.source import Draft, Source
 from specli.speculate.verify import SamplingParams
 from specli.tokens import common_prefix
 from specli.util import cache_root

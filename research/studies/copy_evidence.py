@@ -37,8 +37,9 @@ from research.lab import replay as rp
 from research.lab.policies import specli
 from specli.errors import SpecliError
 from specli.speculate.adaptive import lookup_drafter
-from specli.speculate.drafters import MODEL, Draft, Drafter, LookupDrafter
+from specli.speculate.drafters import Drafter, LookupDrafter
 from specli.speculate.settings import DEFAULTS
+from specli.speculate.source import MODEL, Draft
 from specli.tokens import common_prefix
 
 P_EDGES = (0.5, 0.9, 0.99, 0.999)  # bands of the target's probability of its last token

@@ -39,8 +39,9 @@ from specli.measure.suite import BUILTIN_SUITES, load_suite
 from specli.prompt import prompt_tokens
 from specli.resolve import models
 from specli.speculate.adaptive import lookup_drafter
-from specli.speculate.drafters import BUCKET_NAMES, Draft, Drafter
+from specli.speculate.drafters import Drafter
 from specli.speculate.settings import DEFAULTS
+from specli.speculate.source import BUCKET_NAMES, Draft
 
 GRID_C = (0.01, 0.02, 0.05, 0.1, 0.2)
 GRID_R = (0.05, 0.1, 0.2, 0.5)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from specli.engine import Context, system_info
+from specli.speculate.controller import best_length
 from specli.util import cache_root
 
 CALIBRATION_VERSION = 2
@@ -51,8 +52,6 @@ def measured_length(target_path: str, target_gpu_layers: int, threads: int, n_ba
     they were not measured here. ``drafter``: (kind, file, GPU layers) of what drafts, as the
     cache keys it ("draft" with the draft model's file, "mtp" with the target's); None prices
     prompt lookup (free drafts)."""
-    from specli.speculate.controller import best_length
-
     cache = _load()
     verify = cache.get("verify:" + _ident(target_path, target_gpu_layers, threads, n_batch, k_max))
     dcost = 0.0

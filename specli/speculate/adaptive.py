@@ -6,22 +6,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from specli.speculate.contract import Batchable, CopiesContext, Drafter, ForcedByGrammar
 from specli.speculate.controller import (
     Acceptance,
     Controller,
     CostModel,
     marginal_token_pays,
 )
-from specli.speculate.drafters import (
-    FORCED,
-    MODEL,
-    Draft,
-    Drafter,
-    LookupDrafter,
-    PaidDrafter,
-    Source,
-)
+from specli.speculate.drafters import LookupDrafter, PaidDrafter
 from specli.speculate.settings import SpecSettings
+from specli.speculate.source import FORCED, LOOKUP, MODEL, Draft, Source
 from specli.tokens import common_prefix
 
 CONFIDENCE_BINS = (0.3, 0.5, 0.7, 0.85, 0.95, 1.01)
@@ -56,7 +50,7 @@ def confidence_bin(p: float) -> int:
     return len(CONFIDENCE_BINS) - 1
 
 
-class AdaptiveDrafter(Drafter):
+class AdaptiveDrafter(Drafter, CopiesContext, ForcedByGrammar, Batchable):
     """Prompt lookup and/or a draft model under one cost-aware controller.
 
     The model drafter is a draft model or the target's own MTP layers (a
@@ -74,7 +68,11 @@ class AdaptiveDrafter(Drafter):
     emitted, also on steps it did not draft or drafted only part of (shadow accounting), so it is
     picked up again as soon as the text starts to repeat, and short drafts that all pass
     still teach how far a copy goes on.
+
+    Its ``name`` is the mode's, which the registry gives it (``adaptive`` until then).
     """
+
+    name = "adaptive"
 
     def __init__(self, controller: Controller, lookup: LookupDrafter | None = None,
                  model: PaidDrafter | None = None):
@@ -85,10 +83,6 @@ class AdaptiveDrafter(Drafter):
         self.lookup = lookup
         self.model = model
         self.msource: Source = model.source if model is not None else MODEL
-        kind = self.msource.kind
-        # the mode's name (specli.speculate.registry): lookup, model, hybrid, mtp, mtp-lookup, eagle3, ...
-        self.name = (("hybrid" if kind == "model" else f"{kind}-lookup") if lookup else kind) if model is not None \
-            else "lookup"
         self.bins = [Acceptance(first=min(e, 1.0), rest=min(e, 1.0)) for e in CONFIDENCE_BINS]
         self._model_drafted = False  # has the controller chosen the model yet (probes aside)
         self._pending: tuple[Source, list[int]] | None = None  # lookup's proposal
@@ -150,6 +144,11 @@ class AdaptiveDrafter(Drafter):
             return Draft(look[:dec.k], dec.source, d.confidence[:dec.k])
         if dec.probe:
             return self.model.propose(context, dec.k, p_min=0.0)
+        return self._model_draft(context, max_len, dec.rate)
+
+    def _model_draft(self, context: Sequence[int], max_len: int, rate: float) -> Draft:
+        """The draft model's draft, token by token while the next one pays at the step's
+        ``rate``, handing over to lookup's copy where it runs into text the context holds."""
         ctl = self.ctl
         dt = ctl.draft_costs(self.msource)[0]  # a further token's drafting cost (DFlash: none, its pass is paid)
         p_all = 1.0
@@ -161,13 +160,13 @@ class AdaptiveDrafter(Drafter):
                 if self.lookup is not None:  # ran into text the context holds: copy the rest
                     found = self.lookup.continuation(context, toks, max_len - i, HANDOVER_MATCH)
                     if found.tokens:
-                        copy = self._copy_that_pays(found, i, p_all, dec.rate, max_len - i)
+                        copy = self._copy_that_pays(found, i, p_all, rate, max_len - i)
                         if copy:
                             return False
                 p_next = p_all * ctl.acceptance(self.msource).alpha_rest
-                return marginal_token_pays(p_next, i, ctl.cost.verify, dt, dec.rate)
+                return marginal_token_pays(p_next, i, ctl.cost.verify, dt, rate)
             p_all *= self.bins[confidence_bin(p_top)].alpha
-            return i == 0 or marginal_token_pays(p_all, i, ctl.cost.verify, dt, dec.rate)
+            return i == 0 or marginal_token_pays(p_all, i, ctl.cost.verify, dt, rate)
 
         d = self.model.propose(context, max_len, keep_going, p_min=0.0)
         if copy and len(d.tokens) < max_len:
@@ -198,23 +197,26 @@ class AdaptiveDrafter(Drafter):
         v0 = self.ctl.cost.verify[0]
         return 1.0 / v0 if v0 > 0 else None
 
+    def room(self, max_len: int) -> int:
+        return max_len
+
     def forced(self, n: int, max_len: int) -> int:
         return self.ctl.decide({FORCED: n}, k_cap=max_len).k
 
-    def continuation(self, context: Sequence[int], head: Sequence[int], max_len: int, min_match: int) -> list[int]:
+    def continuation(self, context: Sequence[int], head: Sequence[int], max_len: int, min_match: int) -> Draft:
         """Lookup's copy after ``head`` (this step's draft so far, forced tokens), priced as
         lookup's own drafts are: each token while it pays at the acceptance its match's bucket
         has earned, at its place in the block, against the rate the block promises so far."""
         if self.lookup is None:
-            return []
+            return Draft([], LOOKUP)
         found = self.lookup.continuation(context, head, max_len, min_match)
         if not found.tokens:
-            return []
+            return found
         a, v = self.ctl.acceptance(found.source), self.ctl.cost.verify
         k = len(head)
         n, _ = paying_run(1.0, k, len(found.tokens), a.cautious_first(), a.alpha_rest, 0.0, v,
                           (k + 1) / v[min(k, len(v) - 1)])
-        return found.tokens[:n]
+        return replace(found, tokens=found.tokens[:n], confidence=found.confidence[:n])
 
     def observe_forced(self, draft: Draft, n_forced: int, n_accepted: int, emitted: list[int],
                        t_draft: float, t_verify: float) -> None:

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from specli.speculate.drafters import AMBIGUOUS, LOOKUP, NONE, RESYNC, Source
 from specli.speculate.settings import DEFAULTS
+from specli.speculate.source import AMBIGUOUS, LOOKUP, NONE, RESYNC, Source
 
 # a drafter that is off is probed as if its drafts were this good (were they, would it pay?)
 GOOD_DRAFTS = 0.95
@@ -180,10 +180,10 @@ class Acceptance:
     def expected(self, k: int) -> float:
         return expected_accepted(self.alpha_rest, k, self.alpha_first)
 
-    def _trial(self, first: bool, ok: bool) -> None:
+    def trial(self, first: bool, ok: bool) -> None:
         d = self.decay
         if not first and self.rest_from is not None:
-            self.rest_from._trial(False, ok)
+            self.rest_from.trial(False, ok)
         if first:
             self.f_ok, self.f_n = self.f_ok * d + ok, self.f_n * d + 1.0
         else:
@@ -193,7 +193,7 @@ class Acceptance:
         """n_accepted successes, then (when the draft was cut short) one failure; tokens after
         the first rejection were never tested."""
         for i in range(min(n_drafted, n_accepted + 1)):
-            self._trial(i == 0, i < n_accepted)
+            self.trial(i == 0, i < n_accepted)
 
 
 def prior(source: Source) -> Acceptance:

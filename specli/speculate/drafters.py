@@ -4,8 +4,10 @@
 ``close`` frees what the drafter holds. A drafter keeps its own state (a KV cache, an n-gram
 index) apart from the verify loop and brings it in line with the context it is handed.
 
+The contract and the capabilities beyond it are declared in :mod:`specli.speculate.contract`.
 Drafters that pay a forward pass per drafted token (a draft model, the target's MTP layers)
-follow :class:`PaidDrafter` as well: the adaptive policy drives and prices them through it.
+derive from :class:`PaidDrafter` (:class:`~specli.speculate.contract.PricedPerPass`): the
+adaptive policy drives and prices them through it.
 Adding a drafter means a class here (or beside it) and its entry in
 :mod:`specli.speculate.registry`.
 """
@@ -13,158 +15,33 @@ Adding a drafter means a class here (or beside it) and its entry in
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from specli.engine import Context, ContextConfig, Model
 from specli.hardware import calibrate
+from specli.speculate.contract import Drafter, KeepGoing, PricedPerPass
 from specli.speculate.lookup import NgramIndex, Substitutions
 from specli.speculate.settings import DEFAULTS
+from specli.speculate.source import LOOKUP, MODEL, RESYNC, Draft, Source, lookup_key
 from specli.tokens import common_prefix
 
 
-@dataclass(frozen=True)
-class Source:
-    """Which drafter made a draft: ``kind`` is "none", "lookup", "model", "mtp" or "forced"
-    (tokens a constraint's grammar forces, :mod:`specli.constrain`); lookup's
-    acceptance is learned per ``bucket`` of its match (see :func:`lookup_key`)."""
-
-    kind: str
-    bucket: int = 0
-
-    @property
-    def free(self) -> bool:
-        """Drafting costs (almost) nothing: no model runs."""
-        return self.kind in ("none", "lookup", "forced")
-
-    def __str__(self) -> str:
-        return f"{self.kind}:{BUCKET_NAMES.get(self.bucket, self.bucket)}" if self.bucket else self.kind
-
-
-NONE, LOOKUP, MODEL, MTP = Source("none"), Source("lookup"), Source("model"), Source("mtp")
-FORCED = Source("forced")  # tokens a constraint's grammar forces next (specli.constrain.ForcedDrafter)
-
-LOOKUP_BUCKETS = (2, 4, 8, 16)  # match lengths; the buckets below 0 are kinds of match, not lengths
-AMBIGUOUS = -1  # a match the context has gone on from in more than one way
-RESYNC = -2  # a copy picked up again just past where the last one broke (see LookupDrafter)
-BUCKET_NAMES = {AMBIGUOUS: "ambiguous", RESYNC: "resync"}
-
-
-def lookup_key(match_len: int, ambiguous: bool = False) -> Source:
-    """Lookup acceptance is learned apart by how long the context has matched its source
-    (2-3, 4-7, 8-15, 16+ tokens): a long match means the answer is copying that source, and
-    the copy tends to go on, so long matches earn long drafts. A match whose n-gram the
-    context has already continued in another way (``ambiguous``) is a guess between
-    continuations, at any length, and starts right far less often: it is learned apart
-    (bucket ``AMBIGUOUS``). The measured rates: research/README.md, "Figures behind lookup's
-    buckets"."""
-    if ambiguous:
-        return Source("lookup", AMBIGUOUS)
-    return Source("lookup", max((e for e in LOOKUP_BUCKETS if match_len >= e), default=0))
-
-
-@dataclass
-class Draft:
-    tokens: list[int]
-    source: Source = NONE
-    # per drafted token: the drafter's confidence (draft model: its top probability;
-    # lookup: the matched n-gram length), for the adaptive controller and the stats
-    confidence: list[float] = field(default_factory=list)
-    # context tokens a draft model evaluated before drafting (catching up on what the target
-    # emitted; the whole prompt at the first step): not a cost of the drafted tokens
-    caught_up: int = 0
-    passes: int = 0  # one-token passes a model drafter made after that (a look past its last token too)
-
-
-class Drafter:
-    """The contract every drafter follows; ``begin``, ``observe``, ``repair`` and ``close`` do
-    nothing by default. ``name``: the mode it drafts in, as stats and reports say it
-    (:mod:`specli.speculate.registry` names what it builds)."""
-
-    name = "none"
-    guide = None  # the answer's constraint state, when it has one (see constrain)
-    sampler = None  # the answer's Sampler (see sampling)
-
-    def begin(self, prompt: Sequence[int], max_tokens: int | None) -> None:
-        """Before an answer: its prompt and the most tokens it may take (None: no cap)."""
-
-    def constrain(self, guide) -> None:
-        """Before an answer: its constraint's grammar state (a :class:`specli.constrain.Guide`,
-        or None). The loop clips every draft to what the grammar allows; a model drafter
-        drafts under the grammar too (:func:`greedy_drafts`), so its drafts are not cut."""
-        self.guide = guide
-
-    def sampling(self, sampler) -> None:
-        """Before an answer: its :class:`specli.speculate.verify.Sampler`. A model drafter
-        drafts with its noise (:func:`draft_top`), so its tokens are the target's own samples
-        wherever the two models agree."""
-        self.sampler = sampler
-
-    def propose(self, context: Sequence[int], max_len: int) -> Draft:
-        raise NotImplementedError
-
-    def observe(self, draft: Draft, n_accepted: int, emitted: list[int], t_draft: float, t_verify: float) -> None:
-        """After each step: the draft, how many of its tokens the target kept, the tokens the
-        step emitted (kept + the target's own), and the seconds drafting and verifying took."""
-
-    def repair(self) -> None:
-        """After an answer interrupted mid-step: drop cache entries the drafter's own contexts
-        do not account for (:meth:`specli.engine.Context.repair`)."""
-
-    def plain_rate(self) -> float | None:
-        """Tokens/s of a plain target step as this drafter has measured it (refreshed by the
-        steps it has seen); None for a drafter that measures nothing."""
-        return None
-
-    def forced(self, n: int, max_len: int) -> int:
-        """How many of the ``n`` tokens a constraint forces next are worth drafting in a block
-        of at most ``max_len`` (:class:`specli.constrain.ForcedDrafter`): all of them, unless
-        the drafter prices its steps."""
-        return n
-
-    def room(self, max_len: int) -> int:
-        """The most tokens this step's draft may hold, forced tokens too (a slot in a batch:
-        its share, :func:`specli.speculate.batch.allocate`); ``max_len`` by default."""
-        return max_len
-
-    def continuation(self, context: Sequence[int], head: Sequence[int], max_len: int, min_match: int) -> list[int]:
-        """Up to ``max_len`` tokens that copy on from the context after ``context + head``
-        (prompt lookup), where the drafter has lookup; none by default."""
-        return []
-
-    def observe_forced(self, draft: Draft, n_forced: int, n_accepted: int, emitted: list[int],
-                       t_draft: float, t_verify: float) -> None:
-        """After a step that drafted ``n_forced`` forced tokens (then maybe a copy): what it
-        cost, and how many of them the target kept, for a drafter that learns them."""
-
-    def close(self) -> None:
-        pass
-
-
-class PaidDrafter(Drafter):
+class PaidDrafter(Drafter, PricedPerPass):
     """A drafter that pays a forward pass for every token it drafts: a draft model, or the
-    target's own MTP layers. :class:`~specli.speculate.adaptive.AdaptiveDrafter` drives it
-    token by token (``keep_going``), prices its catch-up (``behind``) and its tokens
-    (``token_cost``), and learns its acceptance under ``source``."""
+    target's own MTP layers or a head (:class:`~specli.speculate.contract.PricedPerPass`)."""
 
     source: Source = MODEL
     max_len: int | None = None  # the most tokens one draft can hold (a DFlash head's block); None: any
 
-    def propose(self, context: Sequence[int], max_len: int,
-                keep_going: Callable[[int, float, list[int]], bool] | None = None, p_min: float | None = None) -> Draft:
-        """Draft up to ``max_len`` tokens greedily. Before adding token i (0-based) with top
-        probability p, stop if p < p_min (this call's, else the drafter's) or
-        ``keep_going(i, p, tokens)`` says it no longer pays; before the pass that would show
-        token i, stop if ``keep_going(i, None, tokens)`` says even looking does not pay."""
+    def propose(self, context: Sequence[int], max_len: int, keep_going: KeepGoing | None = None,
+                p_min: float | None = None) -> Draft:
         raise NotImplementedError
 
     def behind(self, context: Sequence[int]) -> int:
-        """The tokens of ``context`` it has not seen yet: what its next draft first evaluates."""
         raise NotImplementedError
 
     def token_cost(self) -> float:
-        """Seconds per drafted token on this machine (measured once, then cached)."""
         raise NotImplementedError
 
 
@@ -345,9 +222,10 @@ class ModelDrafter(PaidDrafter):
     name = "model"
     source = MODEL
 
-    def __init__(self, model: Model, cfg: ContextConfig, p_min: float = DEFAULTS.draft_p_min):
+    def __init__(self, model: Model, cfg: ContextConfig, p_min: float = DEFAULTS.draft_p_min,
+                 ctx: Context | None = None):
         self.model, self.cfg, self.p_min = model, cfg, p_min
-        self._ctx: Context | None = None
+        self._ctx = ctx  # None: made on first use
 
     @property
     def ctx(self) -> Context:
@@ -357,8 +235,13 @@ class ModelDrafter(PaidDrafter):
             self._ctx = Context(self.model, self.cfg)
         return self._ctx
 
-    def propose(self, context: Sequence[int], max_len: int,
-                keep_going: Callable[[int, float, list[int]], bool] | None = None, p_min: float | None = None) -> Draft:
+    @property
+    def has_cache(self) -> bool:
+        """Whether its KV cache has been made (or handed to it)."""
+        return self._ctx is not None
+
+    def propose(self, context: Sequence[int], max_len: int, keep_going: KeepGoing | None = None,
+                p_min: float | None = None) -> Draft:
         p_min = self.p_min if p_min is None else p_min
         if max_len <= 0:
             return Draft([], MODEL)

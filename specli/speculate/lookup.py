@@ -90,13 +90,6 @@ class NgramIndex:
         return n
 
 
-def lookup_draft(tokens: Sequence[int], max_draft: int, n_min: int = 1, n_max: int = 4) -> tuple[list[int], int]:
-    """Stateless form of :class:`NgramIndex` for one context."""
-    idx = NgramIndex(n_min, n_max)
-    idx.extend(tokens)
-    return idx.find(max_draft)
-
-
 class Substitutions:
     """Token substitutions the answer keeps making to the text it copies (a renamed
     variable: the source says ``data``, the answer ``records``). One is learned when a copied

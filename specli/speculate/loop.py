@@ -18,8 +18,9 @@ import numpy as np
 from specli.constrain import Constraint, Guide
 from specli.engine import Context, Model
 from specli.errors import PromptTooLong, SpecliError
-from specli.speculate.drafters import Draft, Drafter, Source
+from specli.speculate.contract import Drafter
 from specli.speculate.settings import DEFAULTS
+from specli.speculate.source import Draft, Source
 from specli.speculate.verify import Sampler, SamplingParams, accept
 
 # why a generation ended, as OpenAI's finish_reason where one fits
@@ -214,6 +215,18 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter, params: S
                     st)
 
 
+def _propose(drafter: Drafter, context: list[int], k_max: int, guide: Guide | None) -> tuple[Draft, list[int]]:
+    """The drafter's draft, and the tokens of it to verify: at most ``k_max``, no further than
+    the grammar allows."""
+    draft = drafter.propose(context, k_max) if k_max > 0 else Draft([])
+    d = draft.tokens[:k_max]
+    if guide is not None and d:
+        d = guide.clip(d)
+        if len(d) < len(draft.tokens):
+            draft = replace(draft, tokens=d, confidence=draft.confidence[:len(d)])
+    return draft, d
+
+
 def _decode(target: Context, prompt: list[int], drafter: Drafter, params: SamplingParams,
             max_tokens: int, draft_max: int, st: Stats, align: int, guide: Guide | None,
             n_logprobs: int | None = None) -> Iterator[Chunk]:
@@ -254,12 +267,7 @@ def _decode(target: Context, prompt: list[int], drafter: Drafter, params: Sampli
             # propose
             k_max = max(0, min(draft_max, max_tokens - st.generated - 1, room, target.n_batch - 1))
             ta = time.perf_counter()
-            draft = drafter.propose(context, k_max) if k_max > 0 else Draft([])
-            d = draft.tokens[:k_max]
-            if guide is not None and d:  # a draft goes no further than the grammar allows
-                d = guide.clip(d)
-                if len(d) < len(draft.tokens):
-                    draft = replace(draft, tokens=d, confidence=draft.confidence[:len(d)])
+            draft, d = _propose(drafter, context, k_max, guide)
             tb = time.perf_counter()
             # evaluate the pending token and the draft in one pass, accept, roll back the rest
             base = target.n_past

@@ -29,8 +29,9 @@ import numpy as np
 
 from specli.engine import Context, DecodeListener
 from specli.hardware import calibrate
-from specli.speculate.drafters import MTP, Draft, PaidDrafter, draft_top, greedy_drafts
+from specli.speculate.drafters import PaidDrafter, draft_top, greedy_drafts
 from specli.speculate.settings import DEFAULTS
+from specli.speculate.source import MTP, Draft
 
 
 class FedDrafter(PaidDrafter, DecodeListener):

@@ -23,7 +23,8 @@ from typing import Protocol
 
 from specli.errors import SpecliError
 from specli.speculate.adaptive import adaptive_drafter
-from specli.speculate.drafters import Drafter, LookupDrafter, NoDrafter, PaidDrafter
+from specli.speculate.contract import Drafter, capabilities
+from specli.speculate.drafters import LookupDrafter, NoDrafter, PaidDrafter
 from specli.speculate.settings import SpecSettings
 
 
@@ -173,8 +174,10 @@ def available(model: bool, mtp: bool, eagle3: bool = False, dflash: bool = False
 
 
 def build(mode: DraftMode, parts: Parts) -> Drafter:
-    """A fresh drafter of ``mode`` (the paid drafter inside is the session's, shared); its
-    ``name`` is the mode's, which the stats report."""
+    """A fresh drafter of ``mode`` (the paid drafter inside is the session's, shared). Here, and
+    only here, it is named (``name``: the mode's, which the stats report) and asked once which
+    capabilities beyond the contract it has (``caps``, :func:`~specli.speculate.contract.capabilities`)."""
     d = mode.kind.entry.build(mode, parts)
     d.name = mode.name
+    d.caps = capabilities(d)
     return d
