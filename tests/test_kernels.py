@@ -75,3 +75,24 @@ def test_probe_models_are_one_type_each(tmp_path):
         assert {x.type_name for x in h.tensors if len(x.shape) > 1} == {t}
         assert len(table["types"][t]) == len(ROWS) and all(c > 0 for c in table["types"][t])
     assert table["rows"] == ROWS and len(timings) == 2 * len(ROWS)
+
+
+def test_benchmark_report_compares_predicted_and_measured(monkeypatch, tmp_path):
+    """cost_curve.py --predict's report, with the measurement stubbed (nothing timed here)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import cost_predict
+
+    h = header({"*": Q.Q4_0, "output.weight": Q.Q6_K})
+    pred = predict.verify_curve(h, TABLE)
+    monkeypatch.setattr(cost_predict.models, "resolve", lambda ref, progress=None: f"/x/{ref}.gguf")
+    monkeypatch.setattr(cost_predict, "read_gguf", lambda path: h)
+    monkeypatch.setattr(cost_predict, "measured_curve", lambda *a: [p * 1.1 for p in pred])
+    monkeypatch.setattr(cost_predict.kernels, "costs", lambda **kw: TABLE)
+    monkeypatch.setattr(cost_predict, "system_info", lambda: "test")
+    (row,) = cost_predict.compare(["a"], 2, 0, False, str(tmp_path))
+    assert row["within_goal"] and row["max_error"] == pytest.approx(0.091, abs=0.002)
+    md = (tmp_path / "cost_curve_predicted.md").read_text()
+    assert "| 8 | " in md and "goal met" in md

@@ -37,7 +37,7 @@ def pull(refs: list[str] = typer.Argument(..., help="Model references or profile
                 err(n)
             print(f"{label} {spec.ref}: {path}")
             if label != "draft":  # what this file's quant means for speculation here
-                _say_verify_cost(spec.ref, path)
+                _say_verify_cost(spec.ref, path, say=err)  # stdout stays the paths, for scripts
 
 
 @app.command(epilog="""
@@ -94,14 +94,18 @@ def check(target: str = typer.Argument(..., help="Target model reference."),
           + (f" (--draft HEAD drafts with it: {HEAD_DRAFTERS[kind]})" if kind else ""))
 
 
-def _say_verify_cost(ref: str, path: str | None, h=None) -> None:
+def _say_verify_cost(ref: str, path: str | None, h=None, say=print) -> None:
     """The file's predicted verify cost on this machine, and a clearly cheaper quant of the same
     model when the local stores or its Hub repo have one."""
+    from specli.errors import SpecliError
     from specli.hardware import advice
     from specli.resolve.gguf_header import read_gguf
 
-    h = h if h is not None else read_gguf(path)
-    print(advice.verify_line(h))
+    try:
+        h = h if h is not None else read_gguf(path)
+    except SpecliError:
+        return  # not a GGUF whose header reads (pull checked what it could): nothing to predict
+    say(advice.verify_line(h))
     hint = advice.flatter_line(ref, h, path)
     if hint:
         err(hint)

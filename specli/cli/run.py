@@ -144,10 +144,14 @@ def run(
 
 def _cheaper_quant(ref: str | None, path: str) -> None:
     """One line when the same model verifies clearly cheaper here in another quant (never a switch)."""
+    from specli.errors import SpecliError
     from specli.hardware import advice
     from specli.resolve.gguf_header import read_gguf
 
-    hint = advice.flatter_line(ref, read_gguf(path), path)
+    try:
+        hint = advice.flatter_line(ref, read_gguf(path), path)
+    except SpecliError:
+        return
     if hint:
         err(hint)
 
