@@ -96,3 +96,17 @@ def test_benchmark_report_compares_predicted_and_measured(monkeypatch, tmp_path)
     assert row["within_goal"] and row["max_error"] == pytest.approx(0.091, abs=0.002)
     md = (tmp_path / "cost_curve_predicted.md").read_text()
     assert "| 8 | " in md and "goal met" in md
+
+
+def test_costs_are_cached_beside_the_calibration_unless_the_machine_was_busy(monkeypatch, tmp_path):
+    from specli.hardware import calibrate
+
+    monkeypatch.setenv("SPECLI_CACHE", str(tmp_path))
+    assert kernels.costs() is None
+    monkeypatch.setattr(kernels, "measure", lambda **kw: (TABLE, [[1.0, 3.0]]))  # one size 3x apart: busy
+    said = []
+    assert kernels.costs(measure_now=True, progress=said.append) == TABLE
+    assert calibrate.kernel_table() is None and "busy" in said[-1]
+    monkeypatch.setattr(kernels, "measure", lambda **kw: (TABLE, [[1.0, 1.1]]))
+    assert kernels.costs(measure_now=True) == TABLE
+    assert kernels.costs() == TABLE == calibrate.kernel_table()

@@ -72,7 +72,11 @@ def costs(measure_now: bool = False, progress: Callable[[str], None] | None = No
     if not measure_now:
         return None
     table, timings = measure(progress=progress, **kw)
-    return calibrate.keep_kernels(table, timings)
+    calibrate.keep_kernels(table, timings)
+    if progress and not calibrate.steady(timings):
+        progress("the machine was busy while the kernels were timed: these costs serve this run only "
+                 "(not cached); time them again when it is idle")
+    return table
 
 
 def growth(table: dict, type_name: str, rows: int) -> float | None:
