@@ -98,6 +98,8 @@ def test_hub_header_is_priced_remotely_check_and_pull(home, quants, tmp_path):
         assert j["verify_8"] == pytest.approx(8.0, rel=0.01)
         assert j["cheaper_quant"]["target"] == f"{REPO}:Q4_0" and j["cheaper_quant"]["verify_8"] == 2.0
         assert f"--target {REPO}:Q4_0" in err
+        read = srv.state.served["probe-q4_0.gguf"]
         rc, out, err = specli("pull", f"{REPO}:Q6_K", env=env)
+        assert srv.state.served["probe-q4_0.gguf"] == read  # its curve was remembered
         assert rc == 0 and "8 tokens 8.0×" in err and f"--target {REPO}:Q4_0" in err, out + err
         assert out.strip().endswith("probe-q6_k.gguf")  # stdout: the path alone

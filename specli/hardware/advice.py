@@ -6,7 +6,9 @@ target is never switched: another file is another model."""
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from dataclasses import dataclass
 
 from specli.errors import SpecliError
@@ -15,6 +17,7 @@ from specli.hardware.predict import Prediction, clearly_flatter, predict
 from specli.resolve import hub, local, models
 from specli.resolve.gguf_header import GGUFHeader, read_gguf
 
+DAY = 86400.0
 HUB_QUANTS = 12  # most other quants of a Hub repo whose headers are read (a range request each)
 NOT_MEASURED = ("verify cost here: not predicted (this machine's kernel costs are not measured: "
                 "specli doctor --kernels)")
@@ -81,16 +84,49 @@ def hub_alternatives(ref: str, table: dict) -> list[Alternative]:
         return []
     quants = sorted({q for f in files if f.lower().endswith(".gguf") and "mmproj" not in f.lower()
                      and (q := hub.quant_of(f)) and q != mine})
+    rev = f"@{r.revision}" if r.revision else ""
+    remembered = _remembered()
     out = []
     for q in quants[:HUB_QUANTS]:
-        try:
-            p = predict(hub.header(hub.HubRef(r.repo, q, None, r.revision)), table)
-        except SpecliError:
-            continue
-        if p:
-            rev = f"@{r.revision}" if r.revision else ""
-            out.append(Alternative(f"{r.repo}:{q}{rev}", q, p))
+        key = f"{calibrate.kernels_entry()}:{r.repo}:{q}{rev}"
+        if key not in remembered:
+            try:
+                p = predict(hub.header(hub.HubRef(r.repo, q, None, r.revision)), table)
+            except SpecliError:
+                continue
+            remembered[key] = [time.time(), p.curve if p else None]
+        curve = remembered[key][1]
+        if curve:
+            out.append(Alternative(f"{r.repo}:{q}{rev}", q, Prediction(curve)))
+    _remember(remembered)
     return out
+
+
+def _advice_file():
+    from specli.util import cache_root
+    return cache_root() / "quant-advice.json"
+
+
+def _remembered() -> dict:
+    """Hub quants' predicted curves read before (a day at most): `run` need not read a repo's
+    headers again each time."""
+    try:
+        d = json.loads(_advice_file().read_text())
+        now = time.time()
+        return {k: v for k, v in d.items() if now - float(v[0]) < DAY}
+    except (OSError, ValueError, TypeError, IndexError, AttributeError):
+        return {}
+
+
+def _remember(curves: dict) -> None:
+    p = _advice_file()
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(curves))
+        os.replace(tmp, p)
+    except OSError:
+        pass  # a read-only cache only costs the header reads next time
 
 
 def cheaper_quant(ref: str | None, h: GGUFHeader, path: str | None, table: dict | None = None,
