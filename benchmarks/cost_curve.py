@@ -9,6 +9,14 @@ gain: with every draft accepted, a step yields k + 1 tokens for cost[k] token-ti
 ``--out`` writes the curve (seconds) and the draft model's cost per token (``--draft``, by
 default the 0.5B draft the replay's traces use) as JSON, for ``research/studies/replay.py --costs
 FILE`` on any other machine.
+
+    python benchmarks/cost_curve.py --predict [--target REF ...] [--kernels] [--report DIR]
+
+``--predict`` compares, for each ``--target`` (default: the Q4_K_M 1.5B and the 0.5B draft; add
+an all-Q4_0 file of the same weights by path), the verify curve predicted from the file's header
+and this machine's per-type kernel costs (``specli doctor --kernels``; ``--kernels`` times them
+afresh) with the curve measured here, k + 1 = 1..16, and writes a Markdown + JSON report to
+benchmarks/results/ (goal: within 15 % at every k).
 """
 
 from __future__ import annotations
@@ -22,10 +30,17 @@ from specli.engine import Context, ContextConfig, Model, system_info
 from specli.hardware import calibrate
 from specli.resolve import models
 
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct-q4_k_m"
+PREDICT_TARGETS = (DEFAULT_TARGET, "qwen2.5-coder-0.5b-instruct-q4_k_m")
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct-q4_k_m")
+    ap.add_argument("--target", action="append", help="model reference (several with --predict)")
+    ap.add_argument("--predict", action="store_true", help="predicted against measured curves, reported")
+    ap.add_argument("--kernels", action="store_true", help="with --predict: time the per-type kernels afresh")
+    ap.add_argument("--report", default=os.path.join(os.path.dirname(__file__), "results"),
+                    help="with --predict: the folder the report goes to")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--gpu-layers", type=int, default=0)
     ap.add_argument("--k-max", type=int, default=32)
@@ -33,7 +48,12 @@ def main() -> None:
                     help="time one token of this draft model too (the replay prices its passes by it)")
     ap.add_argument("--out", help="write the curve as JSON here")
     a = ap.parse_args()
-    m = Model(models.resolve(a.target, progress=print), n_gpu_layers=a.gpu_layers)
+    if a.predict:
+        from cost_predict import compare  # benchmarks/, beside this script
+
+        compare(a.target or list(PREDICT_TARGETS), a.threads, a.gpu_layers, a.kernels, a.report)
+        return
+    m = Model(models.resolve((a.target or [DEFAULT_TARGET])[-1], progress=print), n_gpu_layers=a.gpu_layers)
     ctx = Context(m, ContextConfig(n_ctx=4096, n_threads=a.threads))
     costs = calibrate.verify_costs(ctx, a.k_max, reps=5, use_cache=False)
     print(f"target {os.path.basename(m.path)}, {ctx.threads} threads, one token {costs[0] * 1000:.1f} ms")

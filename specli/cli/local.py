@@ -101,18 +101,25 @@ def pairs_cmd(target: str | None = typer.Argument(None, help="Only this target (
     EAGLE-3, DFlash): what each is and whether it fits this target (hidden size, the target
     layers it reads, its mask token or draft vocabulary). The pairs you can run now without
     downloading anything."""
+    from specli.hardware import advice, calibrate
     from specli.resolve import local, models, on_disk
+    from specli.resolve.gguf_header import read_gguf
 
     found = local.scan()
+    table = calibrate.kernel_table()
+    headers = {}
     if target is None:
         groups = [(t.found.name, t.found.ref, t.path, t.summary, d, h) for t, d, h in local.pairs(found)]
     else:
         path = on_disk.local_path(target)
         th = models.header_of(target)
+        headers[path] = th
         s = local.summarise(th)
         groups = [(target, target, path, s, local.drafts_for(s, path, found), local.heads_of(th, path, found))]
+    costs = {name: advice.verify_json(headers.get(path) or read_gguf(path), table) if table else
+             {"verify_curve": None} for name, _, path, *_ in groups}
     if as_json:
-        print(json.dumps([{"target": name, "ref": ref, "path": path, "mtp_layers": s.mtp_layers,
+        print(json.dumps([{"target": name, "ref": ref, "path": path, **costs[name], "mtp_layers": s.mtp_layers,
                            "mtp_usable": s.mtp_usable,
                            "drafts": [{"store": p.draft.found.store, "name": p.draft.found.name,
                                        "ref": p.draft.found.ref, "path": p.draft.path, "ratio": round(p.ratio, 2),
@@ -126,6 +133,16 @@ def pairs_cmd(target: str | None = typer.Argument(None, help="Only this target (
                           for name, ref, path, s, d, h in groups], indent=1))
         return
     _print_pairs(groups, len([m for m in found if m.ok and not m.same_as]), target)
+    for name, *_ in groups:  # what each target's quant lets speculation gain here
+        c = costs[name]
+        _console().print(f"{escape_markup(name)}: " + (advice.NOT_MEASURED if c["verify_curve"] is None else
+                         f"verify 4 tokens {c['verify_4']:.1f}×, 8 tokens {c['verify_8']:.1f}× one token (predicted); "
+                         f"speculation's ceiling {c['ceiling']:.2f}× plain"), soft_wrap=True)
+
+
+def escape_markup(text: str) -> str:
+    from rich.markup import escape
+    return escape(text)
 
 
 def _print_pairs(groups, n_models: int, target: str | None) -> None:

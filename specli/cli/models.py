@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import typer
@@ -35,6 +36,8 @@ def pull(refs: list[str] = typer.Argument(..., help="Model references or profile
             for n in notes:
                 err(n)
             print(f"{label} {spec.ref}: {path}")
+            if label != "draft":  # what this file's quant means for speculation here
+                _say_verify_cost(spec.ref, path, say=err)  # stdout stays the paths, for scripts
 
 
 @app.command(epilog="""
@@ -46,7 +49,9 @@ Examples:
 """)
 @one_line_errors
 def check(target: str = typer.Argument(..., help="Target model reference."),
-          draft: str | None = typer.Argument(None, help="Draft model reference (none: the target alone).")):
+          draft: str | None = typer.Argument(None, help="Draft model reference (none: the target alone)."),
+          as_json: bool = typer.Option(False, "--json", help="One JSON object: the checks and the target's "
+                                       "predicted verify_curve on this machine.")):
     """Can this draft speculate for this target? llama.cpp's tokenizer rules, from the GGUF
     headers alone (Hub files are read with range requests, not downloaded). The target's own
     MTP layers are shown too."""
@@ -54,9 +59,13 @@ def check(target: str = typer.Argument(..., help="Target model reference."),
     from specli.resolve.gguf_header import HEAD_DRAFTERS, HEAD_NAMES, head_fit, head_not_driven, vocab_from_header
 
     th = models.header_of(target)
+    if as_json:
+        _check_json(target, th, draft)
+        return
     usable = "--draft mtp drafts with them" if th.mtp_usable else "no MTP graph for this architecture in this llama.cpp"
     mtp = f"{th.mtp_layers} ({usable})" if th.mtp_layers else "none"
     print(f"target: architecture {th.architecture}, MTP layers {mtp}")
+    _say_verify_cost(target, None, th)
     if draft is None:
         return
     dh = models.header_of(draft)
@@ -83,6 +92,49 @@ def check(target: str = typer.Argument(..., help="Target model reference."),
         raise typer.Exit(1)
     print("compatible: the draft can speculate for the target"
           + (f" (--draft HEAD drafts with it: {HEAD_DRAFTERS[kind]})" if kind else ""))
+
+
+def _say_verify_cost(ref: str, path: str | None, h=None, say=print) -> None:
+    """The file's predicted verify cost on this machine, and a clearly cheaper quant of the same
+    model when the local stores or its Hub repo have one."""
+    from specli.errors import SpecliError
+    from specli.hardware import advice
+    from specli.resolve.gguf_header import read_gguf
+
+    try:
+        h = h if h is not None else read_gguf(path)
+    except SpecliError:
+        return  # not a GGUF whose header reads (pull checked what it could): nothing to predict
+    say(advice.verify_line(h))
+    hint = advice.flatter_line(ref, h, path)
+    if hint:
+        err(hint)
+
+
+def _check_json(target: str, th, draft: str | None) -> None:
+    from specli.hardware import advice
+    from specli.resolve import models, vocab
+    from specli.resolve.gguf_header import head_fit, vocab_from_header
+
+    out = {"target": target, "architecture": th.architecture, "mtp_layers": th.mtp_layers,
+           "mtp_usable": th.mtp_usable, **advice.verify_json(th)}
+    ok = True
+    if draft is not None:
+        dh = models.header_of(draft)
+        fit = head_fit(th, dh) if dh.head_kind else []
+        rules = vocab.check_vocab(vocab_from_header(th), vocab_from_header(dh))
+        ok = all(r.ok for r in rules) and all(f[0] for f in fit)
+        out["draft"] = {"ref": draft, "architecture": dh.architecture, "head": dh.head_kind,
+                        "rules": [{"name": r.name, "ok": r.ok, "detail": r.detail} for r in rules]
+                        + [{"name": name, "ok": fok, "detail": detail} for fok, name, detail in fit],
+                        "compatible": ok}
+    found = advice.cheaper_quant(target, th, None)
+    out["cheaper_quant"] = advice.cheaper_json(found)
+    if found:
+        err(advice.say(found))
+    print(json.dumps(out, indent=1))
+    if not ok:
+        raise typer.Exit(1)
 
 
 profiles_app = typer.Typer(help="Curated target/draft pairs: list them, or show one.", invoke_without_command=True)

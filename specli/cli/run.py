@@ -99,6 +99,7 @@ def run(
     toks = sess.prompt_tokens(text, chat, system)
     for note in opts.notes:
         err(note)
+    _cheaper_quant(opts.target, sess.target.path)
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, seed=seed)
     resp = sess.generate(toks, params, max_tokens, constraint=constraint)
     st = resp.stats
@@ -141,6 +142,20 @@ def run(
         raise typer.Exit(130)
 
 
+def _cheaper_quant(ref: str | None, path: str) -> None:
+    """One line when the same model verifies clearly cheaper here in another quant (never a switch)."""
+    from specli.errors import SpecliError
+    from specli.hardware import advice
+    from specli.resolve.gguf_header import read_gguf
+
+    try:
+        hint = advice.flatter_line(ref, read_gguf(path), path)
+    except SpecliError:
+        return
+    if hint:
+        err(hint)
+
+
 def settings_report(sess) -> dict:
     """The settings the run used: the context, the speculation settings and --lookup."""
     spec = {k: v for k, v in dataclasses.asdict(sess.opts.spec).items() if k != "hybrid"}  # --lookup's old field
@@ -181,7 +196,9 @@ def print_plan(opts) -> None:
 
 @app.command()
 @one_line_errors
-def doctor(vram: str | None = typer.Option(None, "--vram", help="Pretend this much GPU memory is free.")):
+def doctor(vram: str | None = typer.Option(None, "--vram", help="Pretend this much GPU memory is free."),
+           measure_kernels: bool = typer.Option(False, "--kernels", help="Time each quant type's batched kernels "
+                                                "now (tiny generated models; a minute or two) and cache them.")):
     """What this machine and this llama.cpp build can do, and how to fix a build that cannot use the GPU."""
     from specli.hardware.devices import detect, reinstall_hint
     from specli.util import fmt_size
@@ -201,6 +218,8 @@ def doctor(vram: str | None = typer.Option(None, "--vram", help="Pretend this mu
     print(f"MTP self-speculation (models with MTP layers, --draft mtp): {'yes' if mtp_available() else 'no'}; "
           "hybrid/recurrent targets: rollback by snapshots or checkpoints")
     print(f"llama.cpp: {hw.system_info}")
+    from specli.hardware import kernels
+    print(kernels.doctor_line(kernels.costs(measure_now=measure_kernels, progress=err)))
     hint = reinstall_hint(hw)
     if hint:
         print(f"this build cannot use your GPU; reinstall with:\n  {hint}")

@@ -253,3 +253,35 @@ def draft_token_cost(ctx: Context, reps: int = 4, use_cache: bool = True) -> flo
     if saved:
         ctx.eval(saved, "none")
     return _keep(key, min(times), [times])
+
+
+def block_timings(ctx: Context, sizes: list[int], reps: int, depth: int = 0) -> dict[int, list[float]]:
+    """Seconds of a pass over a block of each size (rows), ``reps`` rounds each (see
+    :func:`_time_blocks`): what the per-type kernel costs are timed with."""
+    return _time_blocks(ctx, sizes, reps, depth)
+
+
+def kernels_entry() -> str:
+    """The cache key of this machine's per-type kernel costs: one per llama.cpp build and CPU
+    (what llama.cpp reports of it), measured with the default threads."""
+    import llama_cpp
+
+    ident = f"{getattr(llama_cpp, '__version__', '?')}:{os.cpu_count()}:{system_info()}"
+    return "kernels:" + hashlib.sha256(ident.encode()).hexdigest()[:20]
+
+
+def kernel_table() -> dict | None:
+    """The per-type kernel costs measured (or installed) on this machine; None when there are
+    none, or only a noisy measurement."""
+    value = _load().get(kernels_entry())
+    return value if isinstance(value, dict) and isinstance(value.get("types"), dict) else None
+
+
+def install_kernels(value: dict) -> None:
+    """Record a per-type kernel cost table (measured elsewhere, or fixed for a test)."""
+    _store(kernels_entry(), value)
+
+
+def keep_kernels(value: dict, timings) -> dict:
+    """Cache a kernel cost table measured from ``timings``, with the busy-machine guard."""
+    return _keep(kernels_entry(), value, timings)

@@ -1,0 +1,79 @@
+"""The verify curve predicted from a file's header (specli.hardware.predict, with this machine's
+per-type kernel costs) against the curve measured here, per file: ``cost_curve.py --predict``.
+Writes benchmarks/results/cost_curve_predicted.{md,json}."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+
+from specli.engine import Context, ContextConfig, Model, system_info
+from specli.hardware import calibrate, kernels
+from specli.hardware.predict import K_MAX, Prediction, verify_curve
+from specli.resolve import models
+from specli.resolve.gguf_header import read_gguf
+
+GOAL = 0.15  # the prediction's largest relative error allowed at any block size
+
+
+def measured_curve(path: str, threads: int, gpu_layers: int) -> list[float]:
+    """cost(k + 1) / cost(1), k = 0..K_MAX, timed here (no cache)."""
+    m = Model(path, n_gpu_layers=gpu_layers)
+    try:
+        ctx = Context(m, ContextConfig(n_ctx=4096, n_threads=threads))
+        secs = calibrate.verify_costs(ctx, K_MAX, reps=5, use_cache=False)
+        ctx.close()
+    finally:
+        m.close()
+    return [s / secs[0] for s in secs]
+
+
+def one_file(ref: str, table: dict, threads: int, gpu_layers: int) -> dict:
+    path = models.resolve(ref, progress=print)
+    h = read_gguf(path)
+    predicted = verify_curve(h, table)
+    measured = measured_curve(path, threads, gpu_layers)
+    errors = [abs(p - m) / m for p, m in zip(predicted, measured, strict=True)]
+    types: dict[str, int] = {}
+    for t in h.tensors:
+        types[t.type_name] = types.get(t.type_name, 0) + (t.nbytes or 0)
+    return {"ref": ref, "file": os.path.basename(path), "bytes_by_type": types,
+            "predicted": [round(x, 3) for x in predicted], "measured": [round(x, 3) for x in measured],
+            "max_error": round(max(errors), 3), "within_goal": max(errors) <= GOAL,
+            "ceiling_predicted": round(Prediction(predicted).best[1], 3),
+            "ceiling_measured": round(Prediction(measured).best[1], 3)}
+
+
+def markdown(rows: list[dict], meta: dict) -> str:
+    out = [f"# Verify curve: predicted from the header vs measured ({meta['date']})", "",
+           f"Machine: {meta['machine']}, {meta['threads']} threads. llama.cpp: {meta['system']}", "",
+           f"Goal: the prediction within {GOAL:.0%} of the measurement at every block of 1..{K_MAX + 1} tokens.", ""]
+    for r in rows:
+        verdict = "met" if r["within_goal"] else f"missed (largest error {r['max_error']:.0%})"
+        out += [f"## {r['file']}", "", "bytes by type: " + ", ".join(
+                    f"{t} {b / 2**20:.0f} MiB" for t, b in sorted(r["bytes_by_type"].items(), key=lambda p: -p[1])),
+                f"ceiling with perfect drafts: predicted {r['ceiling_predicted']:.2f}×, measured "
+                f"{r['ceiling_measured']:.2f}×; goal {verdict}", "",
+                "| block (k+1) | predicted | measured | error |", "|---|---|---|---|"]
+        out += [f"| {k + 1} | {p:.2f} | {m:.2f} | {abs(p - m) / m:.0%} |"
+                for k, (p, m) in enumerate(zip(r["predicted"], r["measured"], strict=True))]
+        out.append("")
+    return "\n".join(out)
+
+
+def compare(refs: list[str], threads: int, gpu_layers: int, fresh_kernels: bool, folder: str) -> list[dict]:
+    table = kernels.costs(measure_now=fresh_kernels or calibrate.kernel_table() is None, progress=print)
+    rows = [one_file(ref, table, threads, gpu_layers) for ref in refs]
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{platform.machine()} {platform.processor()}",
+            "threads": threads, "system": system_info(), "kernels": table}
+    os.makedirs(folder, exist_ok=True)
+    base = os.path.join(folder, "cost_curve_predicted")
+    with open(base + ".json", "w") as f:
+        json.dump({"meta": meta, "files": rows}, f, indent=1)
+    with open(base + ".md", "w") as f:
+        f.write(markdown(rows, meta))
+    print(markdown(rows, meta))
+    print(f"report: {base}.md")
+    return rows

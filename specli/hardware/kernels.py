@@ -1,0 +1,103 @@
+"""What a batched pass costs per weight type on this machine: each type's tiny model
+(:mod:`specli.hardware.kernel_models`) timed through llama.cpp at 1, 2, 4, 8, 16 and 32 rows,
+once per machine and llama.cpp build, cached beside the calibration (with its busy-machine
+guard). The table prices a weight of each type at each row count; :mod:`specli.hardware.predict`
+turns it into any file's verify curve from its header alone.
+
+Table (JSON): ``{"rows": [1, 2, 4, 8, 16, 32], "types": {"Q4_0": [seconds per weight at each
+row count], ...}, "threads": N}``."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+
+from specli.engine import Context, ContextConfig, Model
+from specli.hardware import calibrate, kernel_models
+from specli.hardware.predict import per_weight
+from specli.util import cache_root
+
+ROWS = (1, 2, 4, 8, 16, 32)
+CHEAP = 3.0  # a type whose 8 rows cost at most this many single rows "verifies cheaply"
+
+
+def time_type(path: str, shape: kernel_models.Shape, rows=ROWS, reps: int = 3,
+              threads: int | None = None) -> tuple[list[float], list[list[float]]]:
+    """Seconds per weight of one type's model at each row count (the median of ``reps``), and
+    the raw timings (for the busy-machine guard)."""
+    m = Model(path)
+    try:
+        ctx = Context(m, ContextConfig(n_ctx=2 * max(rows) + 8, n_batch=max(rows), n_threads=threads))
+        try:
+            times = calibrate.block_timings(ctx, list(rows), reps)
+        finally:
+            ctx.close()
+    finally:
+        m.close()
+    n = shape.matmul_elements()
+    return [statistics.median(times[r]) / n for r in rows], [times[r] for r in rows]
+
+
+def measure(types: tuple[str, ...] = kernel_models.TYPES, shape: kernel_models.Shape = kernel_models.DEFAULT_SHAPE,
+            reps: int = 3, threads: int | None = None, folder: Path | None = None,
+            progress: Callable[[str], None] | None = None) -> tuple[dict, list[list[float]]]:
+    """Time every type; returns the table and every timing taken."""
+    folder = folder or cache_root() / "kernel-probes"
+    Model(str(_f32(folder, shape)), vocab_only=True).close()  # llama.cpp logs to specli before it quantises
+    paths = kernel_models.probe_models(folder, types, shape, threads)
+    table: dict = {"rows": list(ROWS), "types": {}, "threads": threads or 0,
+                   "shape": [shape.d, shape.ff, shape.n_layer, shape.n_vocab]}
+    timings: list[list[float]] = []
+    for t, p in paths.items():
+        if progress:
+            progress(f"timing {t} at {', '.join(map(str, ROWS))} rows")
+        per_weight, raw = time_type(str(p), shape, ROWS, reps, threads)
+        table["types"][t] = per_weight
+        timings += raw
+    return table, timings
+
+
+def _f32(folder: Path, shape: kernel_models.Shape) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    p = folder / f"probe-{shape.d}x{shape.ff}x{shape.n_layer}x{shape.n_vocab}-F32.gguf"
+    return p if p.exists() else kernel_models.write_f32(p, shape)
+
+
+def costs(measure_now: bool = False, progress: Callable[[str], None] | None = None, **kw) -> dict | None:
+    """This machine's table: cached, else measured when ``measure_now`` (and cached unless the
+    machine was busy), else None."""
+    if not measure_now and (t := calibrate.kernel_table()) is not None:
+        return t
+    if not measure_now:
+        return None
+    table, timings = measure(progress=progress, **kw)
+    calibrate.keep_kernels(table, timings)
+    if progress and not calibrate.steady(timings):
+        progress("the machine was busy while the kernels were timed: these costs serve this run only "
+                 "(not cached); time them again when it is idle")
+    return table
+
+
+def growth(table: dict, type_name: str, rows: int) -> float | None:
+    """A weight of ``type_name``: the cost of ``rows`` rows over one row (None: not timed)."""
+    one, n = per_weight(table, type_name, 1), per_weight(table, type_name, rows)
+    return None if one is None or n is None else n / one
+
+
+def cheap_types(table: dict, rows: int = 8) -> list[tuple[str, float]]:
+    """The types timed, cheapest growth first: (type, cost of ``rows`` rows over one)."""
+    g = [(t, growth(table, t, rows)) for t in table.get("types", {})]
+    return sorted(((t, x) for t, x in g if x is not None), key=lambda p: p[1])
+
+
+def doctor_line(table: dict | None) -> str:
+    """``specli doctor``'s line: the types that verify cheaply here, the others."""
+    if table is None:
+        return ("verify cost per quant type: not measured on this machine "
+                "(specli doctor --kernels times each type once, a minute or two)")
+    g = cheap_types(table)
+    cheap = ", ".join(f"{t} {x:.1f}×" for t, x in g if x <= CHEAP) or "none"
+    slow = ", ".join(f"{t} {x:.1f}×" for t, x in g if x > CHEAP) or "none"
+    return (f"quant types that verify cheaply on this CPU (8 tokens cost, in single tokens): {cheap}; "
+            f"row by row: {slow}")
