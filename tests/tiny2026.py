@@ -90,6 +90,15 @@ def _write(out: Path, arch: str, tok: dict, kv: list[tuple[str, str, object]], t
 
 # --------------------------------------------------------------------------- qwen35
 
+def _part(t: dict, part: str, mtp: bool, n_layer: int) -> tuple[bool, dict]:
+    """The tensors of ``part``: "all", the "trunk" (no MTP block) or the "mtp" block alone."""
+    if part == "trunk":
+        return False, {k: v for k, v in t.items() if not k.startswith(f"blk.{n_layer}.")}
+    if part == "mtp":
+        return mtp, {k: v for k, v in t.items() if not k.startswith("blk.") or k.startswith(f"blk.{n_layer}.")}
+    return mtp, t
+
+
 def make_qwen35_gguf(out: Path, tokenizer_gguf: str, *, mode: str = "partial", mtp: bool = True, part: str = "all",
                      seed: int = 0, n_layer: int = 2, full_attention_interval: int = 2,
                      d: int = 64, n_head: int = 4, n_head_kv: int = 2, head_dim: int = 16, ff: int = 128,
@@ -188,10 +197,7 @@ def make_qwen35_gguf(out: Path, tokenizer_gguf: str, *, mode: str = "partial", m
         t[p + "nextn.hnorm.weight"] = np.ones(d, np.float32)
         # nextn.embed_tokens / shared_head_head / shared_head_norm are optional: tok_embd / output / output_norm
 
-    if part == "trunk":
-        mtp, t = False, {k: v for k, v in t.items() if not k.startswith(f"blk.{n_layer}.")}
-    elif part == "mtp":
-        t = {k: v for k, v in t.items() if not k.startswith("blk.") or k.startswith(f"blk.{n_layer}.")}
+    mtp, t = _part(t, part, mtp, n_layer)
     kv = [
         ("u32", "context_length", n_ctx), ("u32", "embedding_length", d),
         ("u32", "block_count", n_layer + (1 if mtp else 0)), ("u32", "feed_forward_length", ff),

@@ -91,7 +91,7 @@ def main() -> None:
         res[f"{prefix}_head_pass_s"] = drafter.pass_time(a.reps)
         if isinstance(drafter, Eagle3Drafter):
             feats = np.zeros((k, len(drafter.ids) * d), np.float32)
-            res["eagle3_encode_k_s"] = best(lambda: drafter._encode(feats), a.reps)
+            res["eagle3_encode_k_s"] = best(lambda: drafter.encode(feats), a.reps)
         if isinstance(drafter, DFlashDrafter):
             res["dflash_drafts_per_pass"] = drafter.max_len
         drafter.close()

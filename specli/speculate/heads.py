@@ -148,7 +148,7 @@ class Eagle3Drafter(MTPDrafter):
         self._enc = L.llama_batch_ext_init(self.ctx.handle)
 
     # -- fed by the target ----------------------------------------------------------------
-    def _encode(self, features: np.ndarray) -> np.ndarray:
+    def encode(self, features: np.ndarray) -> np.ndarray:
         """The head's encoder (its ``fc``) over rows of concatenated target features."""
         out = []
         n_enc = features.shape[1]
@@ -176,7 +176,7 @@ class Eagle3Drafter(MTPDrafter):
     def decoded(self, ctx: Context, tokens: Sequence[int], pos0: int) -> None:
         n = len(tokens)
         layers = [np.ctypeslib.as_array(get_layer_inp(ctx.handle, lid), shape=(n, self.n_embd_tgt)) for lid in self.ids]
-        g = self._encode(np.concatenate(layers, axis=1))
+        g = self.encode(np.concatenate(layers, axis=1))
         # pairs (x[p+1], g[p]) at position p; the first completes the last decode's deferred position
         start = max(pos0 - 1, 0)
         toks = list(tokens) if pos0 > 0 else list(tokens[1:])
