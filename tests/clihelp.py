@@ -18,14 +18,25 @@ def simulated_costs(kind: str, env: dict | None = None) -> dict:
     return env
 
 
+def _costhook():
+    spec = importlib.util.spec_from_file_location("specli_test_costhook", COSTHOOK / "sitecustomize.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def install_simulated_costs(kind: str) -> None:
     """Simulate ``kind`` in this process and in every subprocess it starts (tests/conftest.py
     does this for the whole run under ``SPECLI_TEST_STEEP=1``)."""
     os.environ.update(simulated_costs(kind))
-    spec = importlib.util.spec_from_file_location("specli_test_costhook", COSTHOOK / "sitecustomize.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    mod.install(kind)
+    _costhook().install(kind)
+
+
+def simulate_costs_here(monkeypatch, kind: str) -> None:
+    """Simulate ``kind`` in this process until ``monkeypatch`` is undone (a test's sessions)."""
+    from specli.hardware import calibrate
+    for name, f in _costhook().replacements(calibrate, kind).items():
+        monkeypatch.setattr(calibrate, name, f)
 
 
 def specli(*args, stdin: str | bytes | None = "", env=None, timeout=600, cwd=None):

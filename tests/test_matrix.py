@@ -9,8 +9,21 @@ tests/test_matrix_cli.py's."""
 
 import pytest
 from curves import gpu_like_costs
-from matrixhelp import (BY_NAME, CONSTRAINTS, DRAFTERS, FAMILIES, GBNF, N, POLICIES, PROMPT, REGEX, SAMPLINGS,
-                        SCHEMA, draft_arg, family_models)
+from matrixhelp import (
+    BY_NAME,
+    CONSTRAINTS,
+    DRAFTERS,
+    FAMILIES,
+    GBNF,
+    POLICIES,
+    PROMPT,
+    REGEX,
+    SAMPLINGS,
+    SCHEMA,
+    N,
+    draft_arg,
+    family_models,
+)
 
 from specli.constrain import Constraint
 from specli.session import Options, Session
