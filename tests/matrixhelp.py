@@ -98,8 +98,8 @@ def constraint_files(folder) -> dict:
 
 
 def pairwise(cells: list, axes: list[tuple]) -> list[tuple]:
-    """Each of ``cells`` with one value of every further axis, in turn, so that across the
-    cells every value of each axis, and every pair of two axes' values, comes up (the axes
+    """Each of ``cells`` (tuples) with one value of every further axis, in turn, so that across
+    the cells every value of each axis, and every pair of two axes' values, comes up (the axes
     are small: 4 x 2)."""
     out = []
     for i, cell in enumerate(cells):
@@ -107,7 +107,7 @@ def pairwise(cells: list, axes: list[tuple]) -> list[tuple]:
         for values in axes:
             picks.append(values[j % len(values)])
             j = j // len(values) + j  # shift, so the next axis pairs with every value of this one
-        out.append((cell, *picks))
+        out.append((*cell, *picks))
     return out
 
 
