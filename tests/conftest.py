@@ -6,11 +6,20 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+from clihelp import install_simulated_costs  # noqa: E402
 from tinymodels import tiny_model  # noqa: E402
 
 from specli.resolve import wheels  # noqa: E402
 
 TEST_CACHE = Path(os.environ.get("SPECLI_TEST_CACHE", "~/.cache/specli/test-models")).expanduser()
+
+# SPECLI_TEST_STEEP=1: the run simulates a machine whose verify cost curve is steep (verifying
+# k + 1 tokens costs k + 1 single tokens, so no draft pays), in this process and in every CLI
+# subprocess; tests that need drafting to pay must install costs of their own (tests/curves.py,
+# clihelp.simulated_costs) or draft --fixed. tests/test_steep_machine.py runs the suite's most
+# sensitive tests so.
+if os.environ.get("SPECLI_TEST_STEEP") == "1":
+    install_simulated_costs("steep")
 
 # Every tiny model shares the SmolLM2 tokenizer; the target is a random 2-layer llama, the
 # draft the same weights plus noise (agrees ~2/3 of the time), the "mismatch" models copy it
