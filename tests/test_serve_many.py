@@ -292,3 +292,19 @@ def test_specli_serve_with_no_model_option_serves_all_and_pulls_from_the_hub(hom
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+def test_a_drafting_head_is_listed_but_not_chatted_with(home, tmp_path, monkeypatch, smol_gguf):
+    from tinyheads import tiny_head_model
+    link(tiny_head_model(TEST_CACHE, smol_gguf, "eagle3-full"), tmp_path / "heads" / "tiny-eagle3.gguf")
+    monkeypatch.setenv("SPECLI_MODEL_DIRS", str(tmp_path / "heads"))
+    models = Models(Options(n_ctx=CTX))
+    with background(create_app(models=models)) as url:
+        roles = {m["name"]: m["specli"]["role"] for m in httpx.get(url + "/api/tags").json()["models"]}
+        assert roles["tiny-eagle3"] == "head"
+        r = httpx.post(url + "/api/chat", json={"model": "tiny-eagle3", "messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 400 and "drafting head" in r.json()["error"]
+        r = httpx.post(url + "/v1/chat/completions", json={"model": "tiny-eagle3",
+                                                          "messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "not_a_chat_model"
+    models.stop()
