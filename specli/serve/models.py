@@ -19,10 +19,11 @@ from starlette.concurrency import run_in_threadpool
 
 from specli.errors import SpecliError
 from specli.hardware.devices import detect
-from specli.hardware.plan import available_ram, memory_from_header
+from specli.hardware.placement import Placement, place
+from specli.hardware.plan import HostMemoryTooSmall, available_ram
 from specli.resolve import catalog as cat
 from specli.resolve import local
-from specli.resolve.gguf_header import read_gguf
+from specli.resolve.choose import choose_models
 from specli.serve.directory import LoadedInfo, LoadFailed, NotAChatModel, Use, expires_at, openai_card
 from specli.serve.ollama_card import ModelCard
 from specli.serve.ollama_schemas import rfc3339
@@ -75,8 +76,8 @@ class Models:
         self._only = only
         self._lock = threading.Lock()
         self._catalog: cat.Catalog | None = None
-        self._local: list[local.LocalModel] = []
-        self._wants: dict[str, Want] = {}
+        self._plans: dict[str, tuple[Options, Placement]] = {}
+        self._hardware = detect(base.vram)  # the machine, detected once
         self.pool = Pool(self._load, self._unload, host=host, gpu=gpu, max_loaded=max_loaded)
         self._keys: dict[str, cat.Entry] = {}
 
@@ -88,7 +89,8 @@ class Models:
         if self._only is not None:
             c = cat.Catalog([_chosen(c, n) for n in self._only])
         with self._lock:
-            self._catalog, self._local = c, found
+            self._catalog = c
+            self._plans = {}  # the files may have changed: plan again
         return c
 
     def catalog(self) -> cat.Catalog:
@@ -103,39 +105,33 @@ class Models:
             return _find(self.rescan(), name)
 
     # -- memory ----------------------------------------------------------------------------------
-    def want(self, e: cat.Entry) -> Want:
-        """What ``e`` holds once loaded: its file, its draft's (keyed by the draft's path: a draft
-        two targets share counts once), its KV cache; on the GPU where there is one."""
+    def placed(self, e: cat.Entry) -> tuple[Options, Placement]:
+        """``e``'s options, models and placement, decided before anything loads (the steps of
+        ``specli run``: :func:`choose_models` picks the drafter ``--draft auto`` would, then
+        :func:`place` plans where each part goes), kept until the catalog is read again."""
         key = _key(e)
-        parts = {os.path.realpath(e.path): e.size}
-        draft = self._draft_of(e)
-        if draft is not None:
-            parts[os.path.realpath(draft.path)] = draft.size
-        try:
-            h = read_gguf(e.path)
-            train = int(h.arch_key("context_length", 0) or 0)
-            n_ctx = min(self.base.n_ctx, train) if self.base.n_ctx > 0 and train else (train or self.base.n_ctx)
-            parts[f"kv:{key}"] = memory_from_header(h).kv(n_ctx * max(1, self.base.parallel))
-        except (SpecliError, OSError, ValueError):
-            pass  # the load says what is wrong with the file
-        on_gpu = self.pool.gpu is not None
-        return Want(key, {} if on_gpu else parts, parts if on_gpu else {})
+        with self._lock:
+            got = self._plans.get(key)
+        if got is None:
+            opts = options_for(self.base, e)
+            got = (opts, place(opts, choose_models(opts), self._hardware))
+            with self._lock:
+                self._plans[key] = got
+        return got
 
-    def _draft_of(self, e: cat.Entry) -> local.LocalModel | None:
-        """The draft model on disk ``--draft auto`` takes for ``e`` (a drafting head or MTP
-        layers: none counted apart)."""
-        if e.summary.mtp_usable or e.role == cat.HEAD:
-            return None
-        models = [m for m in self._local if m.ok and m.size < e.size]
-        best = [p for p in local.drafts_for(e.summary, e.path, models) if local.auto_pick(p)]
-        return best[0].draft if best else None
+    def want(self, e: cat.Entry) -> Want:
+        """What ``e`` holds once loaded, by part, as its placement has it: its file, its draft's
+        (keyed by the draft's path: a draft two targets share counts once), its KV caches."""
+        opts, placement = self.placed(e)
+        fp = placement.footprint(opts.parallel)
+        return Want(_key(e), fp.host, fp.gpu)
 
     # -- loading ---------------------------------------------------------------------------------
     def _load(self, want: Want) -> Loaded:
         e = self._keys[want.key]
-        opts = options_for(self.base, e)
+        opts, placement = self.placed(e)
         try:
-            sess = Session(opts, progress=self._progress)
+            sess = Session(opts, progress=self._progress, placement=placement)
         except SpecliError as err:
             raise LoadFailed(f"cannot load {e.name}: {err}") from None
         except Exception as err:  # noqa: BLE001 - llama.cpp's own failures
@@ -162,7 +158,12 @@ class Models:
         if e.role == cat.HEAD:
             raise NotAChatModel(f"{e.name} is a drafting head: it drafts for a target model and does not "
                                 "answer on its own; chat with its target")
-        want = self.want(e)
+        try:
+            want = self.want(e)
+        except HostMemoryTooSmall as err:
+            raise DoesNotFit(str(err)) from None
+        except SpecliError as err:
+            raise LoadFailed(f"cannot load {e.name}: {err}") from None
         self._keys[want.key] = e
         try:
             lease = self.pool.acquire(want, keep, gone.is_set)
