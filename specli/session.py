@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from specli.constrain import Constraint
 from specli.engine import Context, ContextConfig, Model
+from specli.engine.weights import Weights
 from specli.errors import SpecliError
 from specli.hardware import calibrate
 from specli.hardware.devices import Hardware
@@ -43,11 +44,12 @@ class Session:
     ``serve``."""
 
     def __init__(self, opts: Options, progress: Callable[[str], None] | None = None, build_drafter: bool = True,
-                 placement: Placement | None = None):
+                 placement: Placement | None = None, weights: Weights | None = None):
         """Choose the models and place them (unless ``placement`` is given: the steps before,
         taken apart, as a pool of models takes them), then load the target and its context and
         build the drafter."""
         self.opts = opts
+        self.weights = weights  # a server's shared weights (a draft model two targets use is loaded once)
         self.placed = placement or place(opts, choose_models(opts, progress))
         self.draft = self.placed.draft  # what drafts, decided: the GPU may not hold the draft model too
         self.draft_model: Model | None = None
@@ -144,7 +146,9 @@ class Session:
     def _model_drafter(self) -> ModelDrafter:
         if not self.draft_path:
             raise SpecliError("no draft model: name one with --draft REF")
-        self.draft_model = Model(self.draft_path, n_gpu_layers=self.draft_gpu_layers or 0)
+        ngl = self.draft_gpu_layers or 0
+        self.draft_model = self.weights.get(self.draft_path, ngl) if self.weights else \
+            Model(self.draft_path, n_gpu_layers=ngl)
         # the loaded vocabularies are what llama.cpp will actually use: check them too
         vocab.ensure_compatible(self.target.vocab_info(), self.draft_model.vocab_info())
         return ModelDrafter(self.draft_model, self.cfg, p_min=self.opts.spec.draft_p_min)
@@ -244,6 +248,7 @@ class Session:
             shared.close()
         self.ctx.close()
         self.target.close()
-        for m in (self.draft_model, self.head_model):
-            if m:
-                m.close()
+        if self.draft_model is not None:
+            (self.weights.put if self.weights else Model.close)(self.draft_model)
+        if self.head_model is not None:
+            self.head_model.close()

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
+from specli.engine.weights import Weights
 from specli.errors import SpecliError
 from specli.hardware.devices import detect
 from specli.hardware.placement import Placement, place
@@ -77,6 +78,7 @@ class Models:
         self._lock = threading.Lock()
         self._catalog: cat.Catalog | None = None
         self._plans: dict[str, tuple[Options, Placement]] = {}
+        self.weights = Weights()  # a draft model two loaded targets use is loaded once
         self._hardware = detect(base.vram)  # the machine, detected once
         self.pool = Pool(self._load, self._unload, host=host, gpu=gpu, max_loaded=max_loaded)
         self._keys: dict[str, cat.Entry] = {}
@@ -131,7 +133,7 @@ class Models:
         e = self._keys[want.key]
         opts, placement = self.placed(e)
         try:
-            sess = Session(opts, progress=self._progress, placement=placement)
+            sess = Session(opts, progress=self._progress, placement=placement, weights=self.weights)
         except SpecliError as err:
             raise LoadFailed(f"cannot load {e.name}: {err}") from None
         except Exception as err:  # noqa: BLE001 - llama.cpp's own failures
