@@ -20,15 +20,12 @@ DRAFT = "qwen2.5-coder-0.5b-instruct-q4_k_m"
 
 
 def llama_reported(path: str, n_ctx: int) -> dict:
-    engine.log_sink = []
-    try:
+    with engine.captured_log() as lines:
         m = Model(path)
         c = Context(m, ContextConfig(n_ctx=n_ctx))
-        log = "".join(engine.log_sink)
+        log = "".join(lines)
         c.close()
         m.close()
-    finally:
-        engine.log_sink = None
 
     def mib(pattern):
         return sum(float(x) for x in re.findall(pattern + r"\s*=\s*([\d.]+) MiB", log)) * MiB

@@ -46,8 +46,8 @@ def main() -> None:
         tok = 100
         t = time.perf_counter()
         for _ in range(a.tokens - 1):
-            L.llama_decode(c._ctx, L.llama_batch_get_one((L.llama_token * 1)(tok), 1))
-            tok = int(np.ctypeslib.as_array(L.llama_get_logits_ith(c._ctx, -1), shape=(m.n_vocab,)).argmax())
+            L.llama_decode(c.handle, L.llama_batch_get_one((L.llama_token * 1)(tok), 1))
+            tok = int(np.ctypeslib.as_array(L.llama_get_logits_ith(c.handle, -1), shape=(m.n_vocab,)).argmax())
         return (a.tokens - 1) / (time.perf_counter() - t)
 
     ours, bare = [], []

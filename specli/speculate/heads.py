@@ -45,7 +45,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from specli.engine import LX, Context, ContextConfig, L, Model, mtp_available
+from specli.engine import LX, Context, ContextConfig, L, Model, libllama, mtp_available
 from specli.errors import SpecliError
 from specli.resolve.gguf_header import HEAD_DFLASH, HEAD_EAGLE3, HEAD_NAMES, head_fit
 from specli.speculate.drafters import Draft, Source, greedy_drafts
@@ -56,7 +56,7 @@ EAGLE3 = Source("eagle3")  # fed inside the target's pass, like MTP
 
 
 def _bind(names: tuple[str, ...], argtypes: list, restype):
-    lib = L.llama_cpp._lib
+    lib = libllama()
     for name in names:
         f = getattr(lib, name, None)
         if f is not None:
@@ -86,8 +86,8 @@ def heads_available() -> bool:
 
 def layer_ids(head: Model) -> list[int]:
     """The target layers the loaded head reads (llama.cpp's own reading of its header)."""
-    n = int(target_layer_ids_n(head._model))
-    ptr = target_layer_ids(head._model)
+    n = int(target_layer_ids_n(head.handle))
+    ptr = target_layer_ids(head.handle)
     return [int(ptr[i]) for i in range(n)] if n and ptr else []
 
 
@@ -105,7 +105,7 @@ def _fitted(target: Context, head: Model, kind: str) -> list[int]:
     if bad:
         raise SpecliError(f"{head.name} is {HEAD_NAMES[kind]} built for another target ({'; '.join(bad)})")
     ids = layer_ids(head)
-    n_layer = int(L.llama_model_n_layer(tm._model))
+    n_layer = int(L.llama_model_n_layer(tm.handle))
     if not ids or (kind == HEAD_EAGLE3 and len(ids) != 3) or not all(0 <= i < n_layer for i in ids):
         raise SpecliError(f"{head.name} reads target layers {ids}; the target has {n_layer} "
                           "(specli reads layer inputs only, ids below the target's layer count)")
@@ -121,8 +121,8 @@ def eagle3_context(target: Context, head: Model, cfg: ContextConfig) -> Context:
     ids = _fitted(target, head, HEAD_EAGLE3)
     ctx = Context(head, replace(cfg, n_rs_seq=0), other=target)
     for lid in ids:
-        set_layer_inp(target._ctx, lid, True)
-    LX.llama_set_embeddings_nextn(ctx._ctx, True, True)  # the head's pre-norm row where logits are asked
+        set_layer_inp(target.handle, lid, True)
+    LX.llama_set_embeddings_nextn(ctx.handle, True, True)  # the head's pre-norm row where logits are asked
     return ctx
 
 
@@ -145,7 +145,7 @@ class Eagle3Drafter(MTPDrafter):
         self.ids = layer_ids(ctx.model)
         self.n_embd_tgt = target.model.n_embd
         self.n_embd = ctx.model.n_embd
-        self._enc = L.llama_batch_ext_init(self.ctx._ctx)
+        self._enc = L.llama_batch_ext_init(self.ctx.handle)
 
     # -- fed by the target ----------------------------------------------------------------
     def _encode(self, features: np.ndarray) -> np.ndarray:
@@ -166,16 +166,16 @@ class Eagle3Drafter(MTPDrafter):
                 pos[0] = self.ctx.n_past + j
                 L.llama_batch_ext_set_pos(self._enc, idx, pos)
                 L.llama_batch_ext_set_output_logits(self._enc, idx, True)
-            rc = L.llama_process(self.ctx._ctx, L.LLAMA_PROCESS_TYPE_ENCODE, self._enc)
+            rc = L.llama_process(self.ctx.handle, L.LLAMA_PROCESS_TYPE_ENCODE, self._enc)
             if rc != 0:
                 raise SpecliError(f"the EAGLE-3 encoder failed (llama_process returned {rc})")
-            g = LX.llama_get_embeddings_nextn(self.ctx._ctx)
+            g = LX.llama_get_embeddings_nextn(self.ctx.handle)
             out.append(np.ctypeslib.as_array(g, shape=(len(chunk), self.n_embd)).copy())
         return np.concatenate(out)
 
     def decoded(self, ctx: Context, tokens: Sequence[int], pos0: int) -> None:
         n = len(tokens)
-        layers = [np.ctypeslib.as_array(get_layer_inp(ctx._ctx, lid), shape=(n, self.n_embd_tgt)) for lid in self.ids]
+        layers = [np.ctypeslib.as_array(get_layer_inp(ctx.handle, lid), shape=(n, self.n_embd_tgt)) for lid in self.ids]
         g = self._encode(np.concatenate(layers, axis=1))
         # pairs (x[p+1], g[p]) at position p; the first completes the last decode's deferred position
         start = max(pos0 - 1, 0)
@@ -213,7 +213,7 @@ def dflash_context(target: Context, head: Model, cfg: ContextConfig) -> Context:
     if selector_top_k is None or not hasattr(L, "llama_set_causal_attn") or not hasattr(L, "llama_vocab_mask"):
         raise SpecliError("this llama-cpp-python's libllama does not export what DFlash needs "
                           "(llama_model_dflash_selector_top_k, llama_set_causal_attn, llama_vocab_mask)")
-    if int(selector_top_k(head._model)) > 0:
+    if int(selector_top_k(head.handle)) > 0:
         raise SpecliError(f"{head.name} is a DFlash2 head (a selector lattice); specli drafts with DFlash heads "
                           "that give logits per block position")
     mask = int(L.llama_vocab_mask(head.vocab))
@@ -224,10 +224,10 @@ def dflash_context(target: Context, head: Model, cfg: ContextConfig) -> Context:
         raise SpecliError(f"{head.name}: a DFlash block of {block_size(head)} tokens drafts nothing")
     ctx = Context(head, replace(cfg, n_rs_seq=0), other=target)
     for lid in ids:
-        set_layer_inp(target._ctx, lid, True)
-    LX.llama_set_embeddings_nextn(ctx._ctx, True, True)
+        set_layer_inp(target.handle, lid, True)
+    LX.llama_set_embeddings_nextn(ctx.handle, True, True)
     causal = str(head.header.get("dflash.attention.causal", "false")).lower() == "true"
-    L.llama_set_causal_attn(ctx._ctx, causal)
+    L.llama_set_causal_attn(ctx.handle, causal)
     return ctx
 
 
@@ -255,7 +255,7 @@ class DFlashDrafter(FedDrafter):
         self.max_len = self.block - 1
         self.mask = int(L.llama_vocab_mask(ctx.model.vocab))
         self.cost_key = f"dflash{self.block}"
-        self._inject = L.llama_batch_ext_init(ctx._ctx)
+        self._inject = L.llama_batch_ext_init(ctx.handle)
 
     # -- fed by the target ----------------------------------------------------------------
     def decoded(self, ctx: Context, tokens: Sequence[int], pos0: int) -> None:
@@ -266,7 +266,7 @@ class DFlashDrafter(FedDrafter):
         self.ctx.rollback(pos0)
         if self.ctx.n_past != pos0:
             return  # rows missing before these: drafts are then worse, never wrong
-        layers = [np.ctypeslib.as_array(get_layer_inp(ctx._ctx, lid), shape=(n, self.n_embd_tgt)) for lid in self.ids]
+        layers = [np.ctypeslib.as_array(get_layer_inp(ctx.handle, lid), shape=(n, self.n_embd_tgt)) for lid in self.ids]
         features = np.ascontiguousarray(np.concatenate(layers, axis=1), dtype=np.float32)
         n_enc = features.shape[1]
         b, pos = self._inject, (ctypes.c_int32 * 4)()
@@ -282,7 +282,7 @@ class DFlashDrafter(FedDrafter):
                     raise SpecliError(f"DFlash injection batch refused a row ({idx})")
                 pos[0] = pos[1] = pos[2] = pos0 + s + j
                 L.llama_batch_ext_set_pos(b, idx, pos)
-            rc = L.llama_process(self.ctx._ctx, L.LLAMA_PROCESS_TYPE_DECODE, b)
+            rc = L.llama_process(self.ctx.handle, L.LLAMA_PROCESS_TYPE_DECODE, b)
             if rc != 0:
                 self.ctx.rollback(pos0)
                 raise SpecliError(f"the DFlash head's injection failed (llama_process returned {rc})")
