@@ -38,7 +38,8 @@ from specli.speculate.source import MTP, Draft
 class FedDrafter(PaidDrafter, DecodeListener, FedByDecodes):
     """A drafter with a context of its own fed by the target's passes (``ctx``, listening to
     ``target``; :class:`~specli.speculate.contract.FedByDecodes`): MTP layers, an EAGLE-3 or a
-    DFlash head. Nothing to catch up on before drafting; its cost is a pass it measures (``pass_time``), cached under ``cost_key``."""
+    DFlash head. Nothing to catch up on before drafting; its cost is a pass it measures
+    (``pass_time``), cached under ``cost_key``."""
 
     target: Context
     ctx: Context
