@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import ctypes
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -48,9 +48,11 @@ import numpy as np
 from specli.engine import LX, Context, ContextConfig, L, Model, libllama, mtp_available
 from specli.errors import SpecliError
 from specli.resolve.gguf_header import HEAD_DFLASH, HEAD_EAGLE3, HEAD_NAMES, head_fit
-from specli.speculate.drafters import Draft, Source, greedy_drafts
+from specli.speculate.contract import KeepGoing
+from specli.speculate.drafters import greedy_drafts
 from specli.speculate.mtp import FedDrafter, MTPDrafter
 from specli.speculate.settings import DEFAULTS
+from specli.speculate.source import Draft, Source
 
 EAGLE3 = Source("eagle3")  # fed inside the target's pass, like MTP
 
@@ -298,7 +300,7 @@ class DFlashDrafter(FedDrafter):
         return self.ctx.eval([last] + [self.mask] * (self.block - 1), "all")
 
     def propose(self, context: Sequence[int], max_len: int,
-                keep_going: Callable[[int, float, list[int]], bool] | None = None, p_min: float | None = None) -> Draft:
+                keep_going: KeepGoing | None = None, p_min: float | None = None) -> Draft:
         p_min = self.p_min if p_min is None else p_min
         pos0 = len(context) - 1  # the last token is not in the target's cache yet
         ctx = self.ctx

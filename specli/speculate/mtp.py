@@ -23,21 +23,23 @@ target's hidden rows the same way.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from specli.engine import Context, DecodeListener
 from specli.hardware import calibrate
+from specli.speculate.contract import FedByDecodes, KeepGoing
 from specli.speculate.drafters import PaidDrafter, draft_top, greedy_drafts
 from specli.speculate.settings import DEFAULTS
 from specli.speculate.source import MTP, Draft
 
 
-class FedDrafter(PaidDrafter, DecodeListener):
+class FedDrafter(PaidDrafter, DecodeListener, FedByDecodes):
     """A drafter with a context of its own fed by the target's passes (``ctx``, listening to
-    ``target``): MTP layers, an EAGLE-3 or a DFlash head. Nothing to catch up on before drafting;
-    its cost is a pass it measures (``pass_time``), cached under ``cost_key``."""
+    ``target``; :class:`~specli.speculate.contract.FedByDecodes`): MTP layers, an EAGLE-3 or a
+    DFlash head. Nothing to catch up on before drafting; its cost is a pass it measures
+    (``pass_time``), cached under ``cost_key``."""
 
     target: Context
     ctx: Context
@@ -111,7 +113,7 @@ class MTPDrafter(FedDrafter):
 
     # -- drafting -------------------------------------------------------------------------
     def propose(self, context: Sequence[int], max_len: int,
-                keep_going: Callable[[int, float, list[int]], bool] | None = None, p_min: float | None = None) -> Draft:
+                keep_going: KeepGoing | None = None, p_min: float | None = None) -> Draft:
         p_min = self.p_min if p_min is None else p_min
         pos0 = len(context) - 1  # the last token is not in the target's cache yet
         at = pos0 - self.lag  # where the head takes the last token
