@@ -142,7 +142,8 @@ def main() -> int:
     srv = Server(home, ["--max-loaded", "1", "--ctx", str(a.ctx)])
     rows = {m: {"switch": [], "warm": [], "load": [], "llama": [], "rss": [], "plan": [], "drafter": ""} for m in pair}
     try:
-        srv.ask(pair[1], 2)  # the first load of the run pays the page cache
+        for m in pair:  # warm-ups: the page cache, and each model's first load on a machine calibrates it
+            srv.ask(m, 2)
         for r in range(a.rounds):
             for m in pair:
                 before = srv.rss_mib()
