@@ -124,3 +124,52 @@ def test_the_graph_sees_imports_inside_functions(tmp_path):
     known = {"specli.x": tmp_path / "x.py", "specli.y": tmp_path / "y.py"}
     known["specli.x"].write_text("def f():\n    from specli.y import thing\n    return thing\n")
     assert imports("specli.x", known["specli.x"], known) == {"specli.y"}
+
+
+# -- the tests' own shape -------------------------------------------------------------------
+
+TESTS = ROOT / "tests"
+
+
+def imported_names(path: Path) -> set[str]:
+    """Every dotted name ``path`` imports, anywhere in it: the modules of ``import`` and ``from``
+    statements and, for ``from``, each name imported with its module (``from . import test_x``
+    is ``.test_x``)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            mod = "." * node.level + (node.module or "")
+            out.add(mod)
+            out.update(f"{mod}.{a.name}" if node.module else f"{mod}{a.name}" for a in node.names)
+    return out
+
+
+def imported_test_modules(path: Path, test_modules: set[str]) -> set[str]:
+    """The test modules (``test_*.py`` under tests/) that ``path`` imports."""
+    return {part for name in imported_names(path) for part in name.split(".") if part in test_modules}
+
+
+def test_no_test_module_imports_another():
+    """Shared test helpers live in tests/conftest.py or a helper module (tests/<topic>help.py),
+    never in a test module: importing one runs its tests' module code under a second name and
+    ties two test files together."""
+    test_modules = {p.stem for p in TESTS.rglob("test_*.py")}
+    found = {str(p.relative_to(ROOT)): sorted(got) for p in sorted(TESTS.rglob("*.py"))
+             if (got := imported_test_modules(p, test_modules - {p.stem}))}
+    assert not found, f"modules under tests/ that import a test module (move the helper to a *help.py): {found}"
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("from test_hub import one_line_error\n", {"test_hub"}),
+    ("import tests.test_hub as h\n", {"test_hub"}),
+    ("from tests import test_hub\n", {"test_hub"}),
+    ("from . import test_hub\n", {"test_hub"}),
+    ("def f():\n    from test_hub import cache_file\n", {"test_hub"}),
+    ("from hubhelp import one_line_error\nimport test_hubx\n", set()),
+])
+def test_the_test_import_finder_sees_every_form(tmp_path, source, expected):
+    p = tmp_path / "test_x.py"
+    p.write_text(source)
+    assert imported_test_modules(p, {"test_hub", "test_x"}) == expected

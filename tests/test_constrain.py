@@ -9,8 +9,9 @@ from collections import Counter
 import numpy as np
 import pytest
 from clihelp import specli
-from test_engine_exact import CFG, PROMPTS, _grounded_prompt
-from test_verify import chi2_critical, chi2_stat
+from constrainhelp import EMAIL
+from exacthelp import CFG, PROMPTS, grounded_prompt
+from stathelp import chi2_critical, chi2_stat
 
 from specli.constrain import Constraint, from_options
 from specli.engine import Context, Model
@@ -34,7 +35,6 @@ SCHEMA = {
     "required": ["name", "age", "role", "tags"],
     "additionalProperties": False,
 }
-EMAIL = r"[a-z]{2,8}\.[a-z]{2,8}@(example|test)\.(com|org)"
 # a cheap verify curve (a block of k+1 tokens costs 1 + k/10 of one): the controller drafts
 CHEAP_VERIFY = [1.0 + k / 10 for k in range(17)]
 
@@ -118,7 +118,7 @@ def test_greedy_speculation_under_a_constraint_is_plain_constrained(tm, dm, cons
     drafted = Counter()
     accepted = Counter()
     for text in PROMPTS[:3]:
-        prompt = _grounded_prompt(tm, text)
+        prompt = grounded_prompt(tm, text)
         plain, pst = run(tm, prompt, NoDrafter(), constraint)
         out = tm.detokenize(plain)
         if constraint.kind == "regex":
@@ -420,7 +420,7 @@ def test_every_registry_mode_under_a_constraint_is_plain_constrained(pair_sessio
     the session's constrained path (ForcedDrafter over the mode's capabilities): greedy text
     equals plain constrained decoding's."""
     sess = pair_session
-    prompt = _grounded_prompt(sess.target, PROMPTS[0])
+    prompt = grounded_prompt(sess.target, PROMPTS[0])
 
     def tokens(m):
         sess.ctx.clear()

@@ -11,8 +11,8 @@ import subprocess
 import pytest
 from clihelp import specli
 from faulthelp import start, tmpfs
+from hubhelp import one_line_error
 from indexserver import IndexServer, IndexState, make_wheel
-from test_hub import one_line_error
 
 CHUNK = 1 << 20
 DATA = [bytes([i]) * 7 + os.urandom(CHUNK - 7) for i in (1, 2)]

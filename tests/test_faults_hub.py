@@ -10,8 +10,8 @@ import subprocess
 import pytest
 from clihelp import specli
 from faulthelp import start, tmpfs, wait_for
+from hubhelp import cache_file, one_line_error
 from hubserver import HubServer, HubState, Repo
-from test_hub import cache_file, one_line_error
 
 REPO = "tiny-org/Tiny-Target-2B-GGUF"
 FILE = "tiny-target-2b-q4_k_m.gguf"

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from clihelp import specli
 from conftest import TEST_CACHE
+from constrainhelp import EMAIL
 from curves import gpu_like_costs
-from test_constrain import EMAIL
-from test_hybrid import CHECKPOINTS, PROMPTS, SNAPSHOTS, _cli, _env, assert_sampling_follows_the_target, cfg, run
+from hybridhelp import CHECKPOINTS, PROMPTS, SNAPSHOTS, assert_sampling_follows_the_target, cache_env, cfg, run, run_cli
 from tiny2026 import _write, tiny_2026_model
 from tinyheads import tiny_head_model
 from tinymodels import read_tokenizer
@@ -106,12 +106,12 @@ def test_sidecar_sampling_follows_the_target_distribution(halves):
 
 
 def test_cli_draft_head_runs_mtp_on_it_and_check_explains_the_fit(halves, tmp_path):
-    env = _env(tmp_path)
+    env = cache_env(tmp_path)
     trunk, head = halves("full")
-    plain, _ = _cli(trunk, "none", env, PROMPTS[0])
-    _cli(trunk, head, env, PROMPTS[0])  # measures and caches this machine's costs
+    plain, _ = run_cli(trunk, "none", env, PROMPTS[0])
+    run_cli(trunk, head, env, PROMPTS[0])  # measures and caches this machine's costs
     gpu_like_costs(tmp_path)
-    got, err = _cli(trunk, head, env, PROMPTS[0])
+    got, err = run_cli(trunk, head, env, PROMPTS[0])
     assert "is an MTP-only head (llama.cpp draft-mtp with a separate model): drafting with its MTP layers" in err
     st = got["stats"]
     assert st["mode"] == "mtp-lookup" and st["drafted"] > 0 and st["accepted"] == st["drafted"]
@@ -173,12 +173,12 @@ def refused_for_another_target(target: str, head: str, env: dict, what: str, hid
 
 
 def test_cli_draft_eagle3_head_and_check(eagle, smol_gguf, tmp_path):
-    env = _env(tmp_path)
+    env = cache_env(tmp_path)
     target, head = eagle("full")
-    plain, _ = _cli(target, "none", env, PROMPTS[0])
-    _cli(target, head, env, PROMPTS[0])
+    plain, _ = run_cli(target, "none", env, PROMPTS[0])
+    run_cli(target, head, env, PROMPTS[0])
     gpu_like_costs(tmp_path)
-    got, err = _cli(target, head, env, PROMPTS[0])
+    got, err = run_cli(target, head, env, PROMPTS[0])
     assert "is an EAGLE-3 head (llama.cpp draft-eagle3): drafting with it, fed the target's layers [0, 1, 1]" in err
     st = got["stats"]
     assert st["mode"] == "eagle3-lookup" and st["drafted"] > 0 and st["accepted"] == st["drafted"]
@@ -218,7 +218,7 @@ def test_export_names_the_head_as_llama_server_drafts_with_it(eagle, halves, dfl
     """``specli export`` of a head: llama-server's draft model is the head's file, its
     --spec-type the head's (draft-eagle3, draft-mtp, draft-dflash); engines that load safetensors
     refuse it."""
-    env = {**_env(tmp_path), "SPECLI_VRAM": "0"}
+    env = {**cache_env(tmp_path), "SPECLI_VRAM": "0"}
     for (target, head), kind in ((eagle("full"), "draft-eagle3"), (halves("full"), "draft-mtp"),
                                  (dflash("full"), "draft-dflash")):
         rc, out, err = specli("export", "--target", target, "--draft", head, "--to", "llama-server", env=env)
@@ -280,18 +280,18 @@ def test_dflash_drafts_at_most_its_block_and_drops_the_block_again(dflash):
 
 
 def test_cli_draft_dflash_head_and_check(dflash, smol_gguf, tmp_path):
-    env = _env(tmp_path)
+    env = cache_env(tmp_path)
     target, head = dflash("full")
-    plain, _ = _cli(target, "none", env, PROMPTS[0])
-    _cli(target, head, env, PROMPTS[0], "--no-lookup")  # measures and caches this machine's costs
+    plain, _ = run_cli(target, "none", env, PROMPTS[0])
+    run_cli(target, head, env, PROMPTS[0], "--no-lookup")  # measures and caches this machine's costs
     gpu_like_costs(tmp_path)
-    got, err = _cli(target, head, env, PROMPTS[0], "--no-lookup")
+    got, err = run_cli(target, head, env, PROMPTS[0], "--no-lookup")
     assert ("is a DFlash head (llama.cpp draft-dflash): drafting a block of up to 3 tokens a pass, "
             "fed the target's layers [0, 1]") in err
     st = got["stats"]
     assert st["mode"] == "dflash" and st["drafted"] > 0 and st["accepted"] == st["drafted"]
     assert got["tokens"] == plain["tokens"]
-    got, _ = _cli(target, head, env, PROMPTS[1])
+    got, _ = run_cli(target, head, env, PROMPTS[1])
     assert got["stats"]["mode"] == "dflash-lookup"
     rc, out, err = specli("check", target, head, env=env)
     assert rc == 0, err
@@ -333,7 +333,7 @@ def test_the_memory_plan_counts_a_head_as_a_draft_model(dflash, halves, tmp_path
     assert h.weights == sum(x.nbytes for x in hh.tensors) and h.input_bytes == 0  # it borrows the embeddings
     assert h.kv_bytes_per_token == 1 * 4 * (16 + 16) * 2  # one layer, 4 KV heads of 16, f16 K and V
     both = t.gpu_bytes(-1, 512) + h.gpu_bytes(-1, 512)
-    env = _env(tmp_path)
+    env = cache_env(tmp_path)
 
     def plan(budget):
         rc, out, err = specli("run", "--target", target, "--draft", head, "--plan", "--ctx", "512",

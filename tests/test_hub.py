@@ -8,6 +8,7 @@ import socket
 
 import pytest
 from clihelp import specli
+from hubhelp import cache_file, one_line_error
 from hubserver import HubServer, HubState, Repo
 
 from specli.errors import SpecliError
@@ -58,21 +59,6 @@ def env(hub, tmp_path):
     e.update(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf"), SPECLI_CONFIG_DIR=str(tmp_path / "config"),
              HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
     return e
-
-
-def cache_file(env, repo, name):
-    snaps = os.path.join(env["HF_HOME"], "hub", "models--" + repo.replace("/", "--"), "snapshots")
-    for d in os.listdir(snaps) if os.path.isdir(snaps) else []:
-        p = os.path.join(snaps, d, name)
-        if os.path.exists(p):
-            return p
-    return None
-
-
-def one_line_error(rc, err):
-    lines = err.strip().splitlines()
-    assert rc != 0 and len(lines) >= 1 and "Traceback" not in err, err
-    return lines[-1]
 
 
 # -- pure parts ----------------------------------------------------------------------------

@@ -4,28 +4,22 @@ state checkpoints) and MTP self-speculation, on tiny generated models of 2026 ar
 greedy decoding token for token."""
 
 import json
-from collections import Counter
 
 import numpy as np
 import pytest
 from clihelp import specli
 from conftest import TEST_CACHE
 from curves import gpu_like_costs
-from test_engine_exact import exact_joint
-from test_verify import chi2_critical, chi2_stat
+from hybridhelp import CHECKPOINTS, PROMPTS, SNAPSHOTS, assert_sampling_follows_the_target, cache_env, cfg, run, run_cli
 from tiny2026 import tiny_2026_model
 
 from specli.chat import Chat
-from specli.engine import Context, ContextConfig, Model
+from specli.engine import Context, Model
 from specli.measure import lossless
 from specli.session import Options, Session
 from specli.speculate.drafters import LookupDrafter, ModelDrafter, NoDrafter
-from specli.speculate.loop import generate
 from specli.speculate.mtp import MTPDrafter
 from specli.speculate.verify import SamplingParams
-
-PROMPTS = ["Once upon a time", "def fibonacci(n):", "The capital of France is", "1, 2, 3, 4, 5,"]
-SNAPSHOTS, CHECKPOINTS = 6, 0  # n_rs_seq: snapshots where the architecture has them; 0: checkpoints
 
 
 @pytest.fixture(scope="session")
@@ -33,21 +27,11 @@ def tiny26(smol_gguf):
     return lambda kind: str(tiny_2026_model(TEST_CACHE, smol_gguf, kind))
 
 
-def cfg(n_rs_seq):
-    return ContextConfig(n_ctx=512, n_batch=64, f32_kv=True, n_threads=2, n_rs_seq=n_rs_seq)
-
-
 def mtp_drafter(target, cfg):
     """The MTP drafter over ``target`` wired as the session wires it."""
     d = MTPDrafter(target, target.mtp_context(cfg), p_min=0.0)
     target.listen(d, replay=True)
     return d
-
-
-def run(model, prompt, make_drafter, n_rs_seq, k=4, n=48, params=SamplingParams(), ctx=None):
-    c = ctx or Context(model, cfg(n_rs_seq))
-    resp = generate(c, prompt, make_drafter(c), params, n, k)
-    return [t for ch in resp for t in ch.tokens], resp.stats, c
 
 
 def test_the_tiny_models_are_what_they_claim(tiny26):
@@ -142,28 +126,6 @@ def test_mtp_sampling_follows_the_target_distribution(tiny26):
     assert_sampling_follows_the_target(model, gen, mtp_drafter(gen, cfg(SNAPSHOTS)), SNAPSHOTS, 2000)
 
 
-def assert_sampling_follows_the_target(model, gen, drafter, snapshots: int, n: int) -> None:
-    """The joint distribution of the first three tokens sampled with ``drafter`` (T = 1.5, top-k
-    6, ``n`` seeds, on the context ``gen``) equals the target's own (chi-square), and the drafts
-    were partly accepted."""
-    params = SamplingParams(temperature=1.5, top_k=6)
-    prompt = model.tokenize(PROMPTS[0])
-    exact = exact_joint(Context(model, cfg(0)), prompt, params)
-    keys = list(exact)
-    probs = np.array([exact[k] for k in keys])
-    assert abs(probs.sum() - 1) < 1e-9
-    counts, drafted, accepted = Counter(), 0, 0
-    for seed in range(n):
-        out, st, _ = run(model, prompt, lambda c: drafter, snapshots, k=2, n=3,
-                         params=SamplingParams(1.5, 6, 1.0, seed), ctx=gen)
-        counts[tuple(out)] += 1
-        drafted, accepted = drafted + st.drafted, accepted + st.accepted
-    assert set(counts) <= set(keys)
-    stat, dof = chi2_stat(np.array([counts[k] for k in keys], float), probs)
-    assert stat < chi2_critical(dof), (stat, dof)
-    assert 0 < accepted < drafted
-
-
 def test_chat_on_a_hybrid_target_reuses_the_conversation(tiny26):
     path = tiny26("qwen35-mtp-partial")
     sess = Session(Options(target=path, draft="auto", f32_kv=True, threads=2))
@@ -188,24 +150,12 @@ def test_chat_on_a_hybrid_target_reuses_the_conversation(tiny26):
     ref.close()
 
 
-def _cli(path, draft, env, prompt, *extra):
-    rc, out, err = specli("run", "--target", path, "--draft", draft, "--raw", "--prompt", prompt, "-n", "40",
-                          "-t", "2", "--json", "--stats", *extra, env=env)
-    assert rc == 0, err
-    return json.loads(out), err
-
-
-def _env(tmp_path):
-    import os
-    return {**os.environ, "SPECLI_CACHE": str(tmp_path)}
-
-
 def test_cli_draft_auto_picks_mtp_and_says_so(tiny26, tmp_path):
-    env, path = _env(tmp_path), tiny26("qwen35-mtp-full")
-    plain, _ = _cli(path, "none", env, PROMPTS[0])
-    _cli(path, "auto", env, PROMPTS[0])  # measures and caches this machine's costs
+    env, path = cache_env(tmp_path), tiny26("qwen35-mtp-full")
+    plain, _ = run_cli(path, "none", env, PROMPTS[0])
+    run_cli(path, "auto", env, PROMPTS[0])  # measures and caches this machine's costs
     gpu_like_costs(tmp_path)
-    auto, err = _cli(path, "auto", env, PROMPTS[0])
+    auto, err = run_cli(path, "auto", env, PROMPTS[0])
     assert "--draft auto: the target's own MTP layers (1), with prompt lookup" in err
     assert "rejected drafts roll back by recurrent-state snapshots" in err
     st = auto["stats"]
@@ -214,26 +164,26 @@ def test_cli_draft_auto_picks_mtp_and_says_so(tiny26, tmp_path):
     # a GGUF without its MTP block: --draft mtp is one line, auto moves on to lookup
     rc, out, err = specli("run", "--target", tiny26("qwen35"), "--draft", "mtp", "--raw", "--prompt", "hi", env=env)
     assert rc != 0 and err.count("\n") == 1 and "has no MTP layers" in err
-    none, err = _cli(tiny26("qwen35"), "auto", env, PROMPTS[0])
+    none, err = run_cli(tiny26("qwen35"), "auto", env, PROMPTS[0])
     assert "using prompt lookup" in err and none["stats"]["mode"] == "lookup"
     assert "has no MTP layers (qwen35.nextn_predict_layers is absent: converted without its MTP block)" in err
 
 
 def test_cli_lookup_on_a_hybrid_target(tiny26, tmp_path):
-    env, path = _env(tmp_path), tiny26("qwen35-mtp-full")
-    first, _ = _cli(path, "none", env, PROMPTS[0])
+    env, path = cache_env(tmp_path), tiny26("qwen35-mtp-full")
+    first, _ = run_cli(path, "none", env, PROMPTS[0])
     prompt = PROMPTS[0] + first["text"] + " " + PROMPTS[0]  # the answer repeats what the prompt holds
-    plain, _ = _cli(path, "none", env, prompt)
-    _cli(path, "lookup", env, prompt)
+    plain, _ = run_cli(path, "none", env, prompt)
+    run_cli(path, "lookup", env, prompt)
     gpu_like_costs(tmp_path)
-    look, err = _cli(path, "lookup", env, prompt)
+    look, err = run_cli(path, "lookup", env, prompt)
     st = look["stats"]
     assert st["mode"] == "lookup" and st["drafted"] > 0 and st["accepted"] > 0
     assert look["tokens"] == plain["tokens"]
 
 
 def test_check_plan_doctor_and_bench_know_mtp(tiny26, tmp_path):
-    env, path = _env(tmp_path), tiny26("qwen35-mtp-partial")
+    env, path = cache_env(tmp_path), tiny26("qwen35-mtp-partial")
     rc, out, err = specli("check", path, env=env)
     assert rc == 0 and "target: architecture qwen35, MTP layers 1 (--draft mtp drafts with them)" in out
     rc, out, err = specli("check", tiny26("qwen35"), env=env)
