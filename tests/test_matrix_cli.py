@@ -146,8 +146,9 @@ def _served(models, env, monkeypatch, drafter, policy, parallel):
     target, draft = models(d.family)
     monkeypatch.setenv("SPECLI_CACHE", env["SPECLI_CACHE"])
     simulate_costs_here(monkeypatch, "gpu")
-    spec = SpecSettings(adaptive=POLICIES[policy], hybrid=d.lookup)
-    return Session(Options(target=target, draft=draft_arg(d, draft), threads=2, spec=spec, parallel=parallel))
+    spec = SpecSettings(adaptive=POLICIES[policy])
+    return Session(Options(target=target, draft=draft_arg(d, draft), threads=2, lookup=d.lookup, spec=spec,
+                           parallel=parallel))
 
 
 SERVE_CONSTRAINTS = ["none", "json-schema", "tools"]

@@ -158,7 +158,7 @@ def _cheaper_quant(ref: str | None, path: str) -> None:
 
 def settings_report(sess) -> dict:
     """The settings the run used: the context, the speculation settings and --lookup."""
-    spec = {k: v for k, v in dataclasses.asdict(sess.opts.spec).items() if k != "hybrid"}  # --lookup's old field
+    spec = dataclasses.asdict(sess.opts.spec)
     return {"ctx": sess.ctx.n_ctx, **spec, "lookup": sess.opts.lookup}
 
 

@@ -14,7 +14,6 @@ class SpecSettings:
     # length (--fixed); the adaptive controller instead prices every further token
     draft_p_min: float = 0.6
     adaptive: bool = True  # cost-aware controller; False: always draft up to draft_max
-    hybrid: bool = True  # with a draft model (or MTP), also use prompt lookup when the context repeats
     lookup_ngram: tuple[int, int] = (1, 8)  # n-gram sizes prompt lookup matches
     lookup_min_match: int = 2  # shortest match lookup drafts from
 
