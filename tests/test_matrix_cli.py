@@ -141,9 +141,13 @@ def _request(client, model, constraint, sampling):
     return m.content, [(c.function.name, c.function.arguments) for c in (m.tool_calls or [])]
 
 
-def _served(models, env, monkeypatch, drafter, policy, parallel):
+def _served(models, env, monkeypatch, drafter, policy, parallel, plain=False):
+    """A session of ``drafter``'s family's target drafting with it (``plain``: with none, the
+    reference: the same target decoding plainly)."""
     d = BY_NAME[drafter]
     target, draft = models(d.family)
+    if plain:
+        d = BY_NAME["none"]
     monkeypatch.setenv("SPECLI_CACHE", env["SPECLI_CACHE"])
     simulate_costs_here(monkeypatch, "gpu")
     spec = SpecSettings(adaptive=POLICIES[policy])
@@ -158,9 +162,9 @@ SERVE_CONSTRAINTS = ["none", "json-schema", "tools"]
 @pytest.mark.parametrize("drafter,policy,constraint,sampling", pairwise(CELLS, [SERVE_CONSTRAINTS, list(SAMPLINGS)]))
 def test_serve(models, env, monkeypatch, drafter, policy, constraint, sampling, parallel):
     answers = []
-    for name in (drafter, "none"):
-        sess = _served(models, env, monkeypatch, name if name != "none" else "none", policy if name != "none"
-                       else "adaptive", parallel)
+    for name in (drafter, "none"):  # the same target, drafting and plain
+        sess = _served(models, env, monkeypatch, drafter, policy if name != "none" else "adaptive", parallel,
+                       plain=name == "none")
         try:
             if parallel > 1 and name != "none" and BY_NAME[drafter].family in HEADS:
                 # the slots draft with prompt lookup (MTP layers and heads read one sequence's hidden
