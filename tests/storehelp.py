@@ -98,3 +98,17 @@ def clean_env(home: Path, **extra) -> dict:
                PIP_INDEX_URL="http://127.0.0.1:9/simple")
     env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+def isolate_home(mp, h: Path) -> None:
+    """Through the monkeypatch ``mp``: ``h`` as HOME with no store variables, specli's config
+    there, the Hub offline (in this process and the CLI's)."""
+    import huggingface_hub.constants
+    for k in list(os.environ):
+        if k.startswith(("OLLAMA_", "LLAMA_", "XDG_", "HF_", "HUGGINGFACE_")) or k in ("SPECLI_MODEL_DIRS",
+                                                                                       "SPECLI_CACHE"):
+            mp.delenv(k)
+    mp.setenv("HOME", str(h))
+    mp.setenv("SPECLI_CONFIG_DIR", str(h / ".config" / "specli"))
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    mp.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(h / ".cache" / "huggingface" / "hub"))

@@ -21,7 +21,7 @@ import pytest
 from clihelp import specli
 from conftest import DRAFT_KW, TARGET_KW, TEST_CACHE
 from langchain_ollama import ChatOllama
-from storehelp import clean_env, link, ollama_model
+from storehelp import clean_env, isolate_home, link, ollama_model
 from tinymodels import tiny_model
 
 from specli.serve.app import create_app
@@ -52,7 +52,6 @@ def until(cond, timeout=60.0) -> bool:
 def home(tmp_path_factory, smol_gguf, tiny_target):
     """A fresh HOME (in this process and the CLI's): two chat models and a draft of their family
     in Ollama's store, a smaller model in LM Studio's; the Hub offline."""
-    import huggingface_hub.constants
     h = tmp_path_factory.mktemp("many") / "home"
     h.mkdir()
     big, other = tiny_model(TEST_CACHE, smol_gguf, **BIG_KW), tiny_model(TEST_CACHE, smol_gguf, **OTHER_KW)
@@ -63,14 +62,7 @@ def home(tmp_path_factory, smol_gguf, tiny_target):
     ollama_model(oll, "tiny-draft:latest", draft)
     link(tiny_target, h / ".lmstudio" / "models" / LMS / "tiny-target-q8_0.gguf")
     with pytest.MonkeyPatch.context() as mp:
-        for k in list(os.environ):
-            if k.startswith(("OLLAMA_", "LLAMA_", "XDG_", "HF_", "HUGGINGFACE_")) or k in ("SPECLI_MODEL_DIRS",
-                                                                                           "SPECLI_CACHE"):
-                mp.delenv(k)
-        mp.setenv("HOME", str(h))
-        mp.setenv("SPECLI_CONFIG_DIR", str(h / ".config" / "specli"))
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(h / ".cache" / "huggingface" / "hub"))
+        isolate_home(mp, h)
         yield h
 
 

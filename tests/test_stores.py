@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from clihelp import specli
 from conftest import DRAFT_KW, TARGET_KW, TEST_CACHE
-from storehelp import clean_env, hf_cached, link, ollama_manifest, ollama_model, snapshot
+from storehelp import clean_env, hf_cached, isolate_home, link, ollama_manifest, ollama_model, snapshot
 from tinymodels import tiny_model
 
 from specli.errors import SpecliError
@@ -55,17 +55,9 @@ def not_llama(tmp_path_factory) -> str:
 @pytest.fixture
 def home(tmp_path, monkeypatch):
     """A fresh HOME with no store variables, the Hub offline (in this process and the CLI's)."""
-    import huggingface_hub.constants
     h = tmp_path / "home"
     h.mkdir()
-    for k in list(os.environ):
-        if k.startswith(("OLLAMA_", "LLAMA_", "XDG_", "HF_", "HUGGINGFACE_")) or k in ("SPECLI_MODEL_DIRS",
-                                                                                       "SPECLI_CACHE"):
-            monkeypatch.delenv(k)
-    monkeypatch.setenv("HOME", str(h))
-    monkeypatch.setenv("SPECLI_CONFIG_DIR", str(h / ".config" / "specli"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(h / ".cache" / "huggingface" / "hub"))
+    isolate_home(monkeypatch, h)
     return h
 
 
