@@ -146,7 +146,6 @@ def main() -> int:
             srv.ask(m, 2)
         for r in range(a.rounds):
             for m in pair:
-                before = srv.rss_mib()
                 cold = srv.ask(m, a.max_tokens)
                 warm = srv.ask(m, a.max_tokens)
                 loaded = {p["name"]: p for p in srv.ps()}
@@ -158,20 +157,27 @@ def main() -> int:
                 row["switch"].append(cold["ttft"])
                 row["warm"].append(warm["ttft"])
                 row["load"].append(cold["load"])
-                row["rss"].append(srv.rss_mib() - before)
                 row["plan"].append(card.get("size", 0) / 2**20)
                 row["drafter"] = drafter
                 row["llama"].append(llama_load(paths, a.ctx))
                 print(f"round {r} {m}: switch {cold['ttft']:.2f} s (load {cold['load']:.2f}), warm "
                       f"{warm['ttft']:.2f} s, llama.cpp load {row['llama'][-1]:.2f} s", file=sys.stderr)
+        for m in pair:  # memory: nothing loaded, then this model alone
+            for other in pair:
+                httpx.post(srv.url + "/api/generate", json={"model": other, "keep_alive": 0}, timeout=60)
+            time.sleep(2)
+            before = srv.rss_mib()
+            srv.ask(m, 2)
+            rows[m]["rss"].append(srv.rss_mib() - before)
     finally:
         srv.close()
     single = {}
     for m in pair:  # the same model on a single-model server, warm
         s1 = Server(home, ["--target", f"lmstudio:{m}", "--ctx", str(a.ctx)])
         try:
-            s1.ask(m, 2)
-            single[m] = [s1.ask(m, a.max_tokens)["ttft"] for _ in range(a.rounds)]
+            name = httpx.get(s1.url + "/api/tags", timeout=30).json()["models"][0]["name"]  # its one model's name
+            s1.ask(name, 2)
+            single[m] = [s1.ask(name, a.max_tokens)["ttft"] for _ in range(a.rounds)]
         finally:
             s1.close()
     lines = [f"# Many models behind one server ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
@@ -179,7 +185,7 @@ def main() -> int:
              f"{os.cpu_count()} cores; `specli serve --max-loaded 1`, every other request a switch; medians "
              "(min–max) over the rounds.", "",
              "| model | drafter | switch TTFT | its load_duration | llama.cpp load, same files | switch − warm "
-             "vs llama.cpp load | warm TTFT | single-model server warm | RSS added | plan (/api/ps size) |",
+             "vs llama.cpp load | warm TTFT | single-model server warm | RSS loaded alone | plan (/api/ps size) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for m in pair:
         r = rows[m]
