@@ -5,6 +5,7 @@ one model in an LM Studio folder. Each greedy answer equals ``specli run --targe
 auto`` on that model; /api/ps, keep_alive, --max-loaded, unknown names, a vanished file and a
 request that arrives during its model's load."""
 
+import hashlib
 import json
 import os
 import re
@@ -160,6 +161,26 @@ def test_unknown_names_get_a_404_naming_the_nearest(server):
     assert "tiny-big:latest" in str(oe.value)
 
 
+def test_show_describes_a_model_without_loading_it(home):
+    """Clients ask /api/show for every model they list: it answers from the header and the
+    placement, loads nothing, and takes the old ``name`` field too."""
+    models, bg = serve()
+    with bg as url:
+        shown = ollama.Client(host=url).show("tiny-big")
+        assert shown.details.family == "llama" and "completion" in shown.capabilities
+        draft = {m["name"]: m["digest"] for m in httpx.get(url + "/api/tags").json()["models"]}["tiny-draft:latest"]
+        assert shown.modelfile.startswith(f"# served by specli (drafter: hybrid, once loaded)\n# draft: sha256-{draft}")
+        old = httpx.post(url + "/api/show", json={"name": "tiny-big:latest"}).json()
+        assert old["details"] == shown.details.model_dump(exclude_none=True) | old["details"]
+        assert httpx.get(url + "/api/ps").json()["models"] == []  # nothing loaded
+        r = httpx.post(url + "/api/show", json={"model": "tiny-bgi"})
+        assert r.status_code == 404 and "tiny-big:latest" in r.json()["error"]
+        assert httpx.post(url + "/api/show", json={}).status_code == 400
+        ollama.Client(host=url).generate(model="tiny-big")  # loaded: the card of what runs
+        assert ollama.Client(host=url).show("tiny-big").modelfile.startswith("# served by specli (drafter: hybrid)\n")
+    models.stop()
+
+
 def test_writes_into_stores_are_refused(server):
     url, _ = server
     for method, path in (("DELETE", "/api/delete"), ("POST", "/api/create"), ("POST", "/api/copy"),
@@ -197,6 +218,30 @@ def test_a_vanished_file_fails_only_its_request(home, tmp_path, smol_gguf):
     finally:
         models.stop()
         for p in (home / ".ollama" / "models" / "manifests").rglob("tiny-gone"):
+            shutil.rmtree(p)
+
+
+def test_a_file_truncated_after_discovery_fails_only_its_request_and_holds_nothing(home, tmp_path, smol_gguf):
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_model(TEST_CACHE, smol_gguf, **dict(TARGET_KW, seed=6)).read_bytes())
+    blob = ollama_model(home / ".ollama" / "models", "tiny-cut:latest", cut)
+    models, bg = serve()
+    try:
+        with bg as url:
+            assert "tiny-cut:latest" in names(url)
+            with open(blob, "r+b") as f:
+                f.truncate(os.path.getsize(blob) // 2)
+            r = httpx.post(url + "/api/chat", json={"model": "tiny-cut", "messages": [{"role": "user",
+                                                                                       "content": "hi"}]}, timeout=300)
+            err = r.json()["error"]
+            assert 400 <= r.status_code < 600 and "\n" not in err and "tiny-cut" in err, err
+            assert models.pool.residents() == [] and httpx.get(url + "/api/ps").json()["models"] == []
+            ok = ollama.Client(host=url).chat(model="tiny-draft", messages=[{"role": "user", "content": "hi"}],
+                                              options={"num_predict": 2})
+            assert ok.eval_count == 2
+    finally:
+        models.stop()
+        for p in (home / ".ollama" / "models" / "manifests").rglob("tiny-cut"):
             shutil.rmtree(p)
 
 
@@ -270,7 +315,10 @@ def test_specli_serve_with_no_model_option_serves_all_and_pulls_from_the_hub(hom
                 assert r.headers["content-type"] == "application/x-ndjson"
                 pulled = [json.loads(x) for x in r.iter_lines() if x]
             assert pulled[0] == {"status": "pulling manifest"} and pulled[-1] == {"status": "success"}, pulled
-            assert any(p.get("total") == os.path.getsize(tiny_target) == p.get("completed") for p in pulled)
+            size, sha = os.path.getsize(tiny_target), hashlib.sha256(open(tiny_target, "rb").read()).hexdigest()
+            progress = [(p["completed"], p["total"]) for p in pulled if p.get("digest") == f"sha256:{sha}"]
+            assert progress[0] == (0, size) and progress[-1] == (size, size), pulled  # bytes as they arrive
+            assert all(p["status"] == f"pulling {sha[:12]}" for p in pulled if "digest" in p)
             new = [n for n in names(url) if "Tiny-Pulled-GGUF" in n]
             assert len(new) == 1, names(url)
             r = ollama.Client(host=url, timeout=300).chat(model=new[0], messages=[{"role": "user", "content": "hi"}],

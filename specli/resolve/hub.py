@@ -214,11 +214,17 @@ def _progress_class():
         return None
 
 
-def download(ref: HubRef, progress=None, sha256: str | None = None, refetch: bool = False) -> str:
+# Bytes of one file as they arrive: (file name, its Hub digest or "", bytes so far, total)
+OnBytes = Callable[[str, str, int, int], None]
+
+
+def download(ref: HubRef, progress=None, sha256: str | None = None, refetch: bool = False,
+             on_bytes: OnBytes | None = None) -> str:
     """Download (or find in the cache) the file(s) a reference names; the local path of the
     GGUF to load (the first part of a split GGUF, its siblings beside it). Each file is checked
     against its SHA-256 (``sha256``, a pin for the first file, else the Hub's own); a cached
-    file that fails raises CorruptFile, or with ``refetch`` is downloaded again."""
+    file that fails raises CorruptFile, or with ``refetch`` is downloaded again. ``on_bytes``
+    hears each file's bytes as they arrive (serve's ``/api/pull`` streams them)."""
     files = pick_files(list_files(ref), ref, note=progress)
     paths = []
     for i, f in enumerate(files):
@@ -226,13 +232,13 @@ def download(ref: HubRef, progress=None, sha256: str | None = None, refetch: boo
         was_cached = hfcache.cached_path(ref.repo, f, ref.revision) is not None
         if progress and not was_cached and not offline():
             progress(f"downloading {ref.repo}/{f} from {_endpoint()}")
-        path = _fetch(fref)
+        path = _fetch(fref, on_bytes=on_bytes)
         expect = (sha256 if i == 0 else None) or hfcache.blob_sha256(path)
         why = integrity.problem(path, expect)
         if why and was_cached and refetch and not offline():
             if progress:
                 progress(f"{path} is corrupted ({why}); downloading it again")
-            path, was_cached = _fetch(fref, force=True), False
+            path, was_cached = _fetch(fref, force=True, on_bytes=on_bytes), False
             why = integrity.problem(path, expect)
         if why and was_cached:
             raise integrity.CorruptFile(path, why)
@@ -242,19 +248,47 @@ def download(ref: HubRef, progress=None, sha256: str | None = None, refetch: boo
     return paths[0]
 
 
-def _fetch(ref: HubRef, force: bool = False) -> str:
+def _byte_counter(ref: HubRef, on_bytes: OnBytes):
+    """A tqdm class for huggingface-hub that draws nothing and reports the bytes so far."""
+    import io
+
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from tqdm import tqdm
+    try:
+        digest = get_hf_file_metadata(hf_hub_url(ref.repo, ref.filename, revision=ref.revision)).etag or ""
+    except Exception:  # the digest is a courtesy for progress bars keyed by it
+        digest = ""
+    name = ref.filename or ""
+
+    class Counter(tqdm):
+        def __init__(self, *a, **kw):
+            kw.pop("name", None)
+            super().__init__(*a, **{**kw, "file": io.StringIO(), "disable": False})
+            on_bytes(name, digest, int(self.n), int(self.total or 0))
+
+        def update(self, n=1):
+            out = super().update(n)
+            on_bytes(name, digest, int(self.n), int(self.total or 0))
+            return out
+
+    return Counter
+
+
+def _fetch(ref: HubRef, force: bool = False, on_bytes: OnBytes | None = None) -> str:
     """One file through huggingface-hub, under its per-file lock (a second process waits, then
     finds the file): written to a per-process ``.incomplete`` file, moved into the cache only
     when whole. A killed process's partial file is never resumed by the client (its name is
     per process), so it is removed here; a full disk is refused before the download starts."""
     from huggingface_hub import hf_hub_download
+    bar = _progress_class()
     if not offline() and (force or hfcache.cached_path(ref.repo, ref.filename, ref.revision) is None):
         hfcache.drop_orphans(ref.repo)
+        bar = _byte_counter(ref, on_bytes) if on_bytes else bar
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="Not enough free disk space")
         try:
             return hf_hub_download(ref.repo, ref.filename, revision=ref.revision, local_files_only=offline(),
-                                   force_download=force, tqdm_class=_progress_class())
+                                   force_download=force, tqdm_class=bar)
         except Exception as e:
             if "Not enough free disk space" in str(e) or getattr(e, "errno", None) == errno.ENOSPC:
                 raise _no_space(ref) from None

@@ -66,6 +66,8 @@ class Directory(Protocol):
 
     async def unload(self, name: str) -> None: ...
 
+    async def show(self, name: str, verbose: bool) -> dict: ...
+
     async def tags(self) -> list[dict]: ...
 
     async def running(self) -> list[dict]: ...
@@ -94,7 +96,7 @@ class One:
     pulls = False
 
     def __init__(self, served: Served):
-        self.served, self.card = served, ModelCard(served)
+        self.served, self.card = served, ModelCard.of(served)
 
     def _check(self, name: str) -> None:
         if name not in self.card.names():
@@ -109,6 +111,10 @@ class One:
 
     async def unload(self, name: str) -> None:
         self._check(name)  # it stays loaded: the server was started for it alone
+
+    async def show(self, name: str, verbose: bool) -> dict:
+        self._check(name)
+        return self.card.show(verbose)
 
     async def tags(self) -> list[dict]:
         return [await self.card.listed()]

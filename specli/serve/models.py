@@ -25,6 +25,7 @@ from specli.hardware.plan import HostMemoryTooSmall, available_ram
 from specli.resolve import catalog as cat
 from specli.resolve import local
 from specli.resolve.choose import choose_models
+from specli.resolve.gguf_header import read_gguf
 from specli.serve.directory import LoadedInfo, LoadFailed, NotAChatModel, Use, expires_at, openai_card
 from specli.serve.ollama_card import ModelCard
 from specli.serve.ollama_schemas import rfc3339
@@ -140,8 +141,8 @@ class Models:
             raise LoadFailed(f"cannot load {e.name}: {type(err).__name__}: {err}") from None
         try:
             worker = self._make_worker(sess, self.queue)
-            served = Served(sess, worker, Prompter(sess), list(dict.fromkeys([e.name, *e.aliases, e.ref])))
-            card = ModelCard(served)
+            served = Served(sess, worker, Prompter(sess), _ids(e))
+            card = ModelCard.of(served)
             worker.start()
         except BaseException:
             sess.close()
@@ -202,6 +203,28 @@ class Models:
         self.pool.expire(_key(self.find(name)))
 
     # -- listings --------------------------------------------------------------------------------
+    async def show(self, name: str, verbose: bool) -> dict:
+        return (await run_in_threadpool(self._card, name)).show(verbose)
+
+    def _card(self, name: str) -> ModelCard:
+        """``name``'s card: the loaded model's, else from its header and its placement (what
+        loading it would run), without loading it: clients ask for every model's."""
+        e = self.find(name)
+        for info in self.loaded():
+            if _key(info.value.entry) == _key(e):
+                return info.value.card
+        if e.role == cat.HEAD:
+            h = read_gguf(e.path)
+            return ModelCard(_ids(e), e.path, h, int(h.arch_key("context_length", 0) or 0), 0,
+                             "none (a drafting head)")
+        try:
+            opts, placement = self.placed(e)
+        except SpecliError as err:
+            raise LoadFailed(f"cannot load {e.name}: {err}") from None
+        return ModelCard(_ids(e), placement.target, read_gguf(placement.target), placement.n_ctx,
+                         placement.target_gpu_layers, f"{placement.draft.mode.name}, once loaded",
+                         placement.draft.draft_path)
+
     async def tags(self) -> list[dict]:
         c = await run_in_threadpool(self.rescan)
         return [entry_info(e) for e in c.entries]
@@ -251,6 +274,10 @@ async def _watch(request: Request, gone: threading.Event) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
     gone.set()
+
+
+def _ids(e: cat.Entry) -> list[str]:
+    return list(dict.fromkeys([e.name, *e.aliases, e.ref]))
 
 
 def _key(e: cat.Entry) -> str:

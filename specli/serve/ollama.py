@@ -125,12 +125,10 @@ def _listing(router: APIRouter, d: Directory, auth: list) -> None:
     @router.post("/api/show", dependencies=auth)
     async def show(request: Request) -> dict:
         body = await _parse(request, ShowBody)
-        use = await lease(d, body.model, request, d.default_keep_alive)
-        return await within(d, use, lambda: _async(use.card.show, body.verbose))
-
-
-async def _async(fn, *args):
-    return fn(*args)
+        try:
+            return await d.show(body.model, body.verbose)
+        except SpecliError as e:
+            raise api_error(e) from None
 
 
 def _answering(router: APIRouter, d: Directory, auth: list, temperature: float | None) -> None:

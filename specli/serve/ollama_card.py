@@ -61,20 +61,28 @@ def _tools_supported(template: str) -> bool:
 
 
 class ModelCard:
-    """The served model as Ollama's listing endpoints describe it, from the GGUF header."""
+    """A model as Ollama's listing endpoints describe it, from its GGUF header and how it is
+    (or would be) run: its context, its GPU layers, its drafter."""
 
-    def __init__(self, served: Served):
-        self.served, self.session, self.ids = served, served.session, served.ids
-        ids, session = self.ids, self.session
+    def __init__(self, ids: list[str], path: str, header, n_ctx: int, gpu_layers: int, drafter: str,
+                 draft_path: str | None = None):
+        self.ids, self.path, self.header, self.n_ctx, self.gpu_layers = ids, path, header, n_ctx, gpu_layers
+        self.drafter, self.draft_path = drafter, draft_path
         self.name = ids[0] if ":" in ids[0] else f"{ids[0]}:latest"
-        h = self.header = session.target.header
+        h = header
         arch = h.architecture
         self.details = {"parent_model": "", "format": "gguf", "family": arch, "families": [arch],
                         "parameter_size": parameter_size(h.n_params), "quantization_level": quantization_level(h)}
-        self.path = session.target.path
         self.size = os.path.getsize(self.path)
         self.modified_at = rfc3339(os.path.getmtime(self.path))
         self._digest: str | None = None
+
+    @classmethod
+    def of(cls, served: Served) -> ModelCard:
+        """A loaded model's card: the drafter its generations use (with --parallel, the slots')."""
+        s = served.session
+        return cls(served.ids, s.target.path, s.target.header, s.ctx.n_ctx, s.target_gpu_layers, served.drafter,
+                   s.draft_path)
 
     def names(self) -> set[str]:
         """Every name a request may use: the served ones, with or without ``:latest``."""
@@ -90,24 +98,21 @@ class ModelCard:
                 "digest": await self.digest(), "details": self.details}
 
     async def running(self) -> dict:
-        s = self.session
         layers = int(self.header.arch_key("block_count", 0) or 0)
-        on_gpu = layers if s.target_gpu_layers < 0 else min(s.target_gpu_layers, layers)
+        on_gpu = layers if self.gpu_layers < 0 else min(self.gpu_layers, layers)
         size_vram = self.size * on_gpu // layers if layers else 0
         # loaded until the server stops, whatever keep_alive said
         expires = rfc3339(time.time() + timedelta(days=365 * 100).total_seconds())
         return {**await self.listed(), "expires_at": expires, "size_vram": size_vram,
-                "context_length": s.ctx.n_ctx}
+                "context_length": self.n_ctx}
 
     def show(self, verbose: bool) -> dict:
-        s = self.session
         info = {k: _plain(v, verbose) for k, v in self.header.metadata.items() if k != "tokenizer.chat_template"}
-        template = s.target.chat_template() or ""
+        template = str(self.header.get("tokenizer.chat_template") or "")
         caps = ["completion"] + (["tools"] if template and _tools_supported(template) else [])
-        params = "\n".join(f"{k:<30} {v}" for k, v in [*DEFAULTS.items(), ("num_ctx", s.ctx.n_ctx)])
-        draft = f"# draft: {os.path.basename(s.draft_path)}\n" if s.draft_path else ""
-        # the drafter the generations use: with --parallel, the slots' (the session builds none)
-        served_by = f"# served by specli (drafter: {self.served.drafter})\n"
+        params = "\n".join(f"{k:<30} {v}" for k, v in [*DEFAULTS.items(), ("num_ctx", self.n_ctx)])
+        draft = f"# draft: {os.path.basename(self.draft_path)}\n" if self.draft_path else ""
+        served_by = f"# served by specli (drafter: {self.drafter})\n"
         return {"modelfile": f"{served_by}{draft}FROM {self.path}\n",
                 "parameters": params, "template": template, "details": self.details, "model_info": info,
                 "capabilities": caps, "modified_at": self.modified_at,

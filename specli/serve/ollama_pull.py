@@ -40,32 +40,44 @@ def hub_ref(name: str) -> hub.HubRef:
     return ref
 
 
-def _done(path: str) -> list[dict]:
+def _bytes_line(name: str, digest: str, completed: int, total: int) -> dict:
+    """Ollama's progress line for one file (its CLI draws a bar per ``digest``)."""
+    return {"status": f"pulling {digest[:12] or name}", "digest": f"sha256:{digest}" if digest else name,
+            "total": total, "completed": completed}
+
+
+def _done(path: str, streamed: bool = False) -> list[dict]:
     sha = blob_sha256(path) or ""
     size = os.path.getsize(path)
-    return [{"status": f"pulling {sha[:12]}", "digest": f"sha256:{sha}", "total": size, "completed": size},
-            {"status": "verifying sha256 digest"}, {"status": "writing manifest"}, {"status": "success"}]
+    last = [] if streamed else [_bytes_line(os.path.basename(path), sha, size, size)]
+    return [*last, {"status": "verifying sha256 digest"}, {"status": "writing manifest"}, {"status": "success"}]
 
 
 async def _lines(ref: hub.HubRef) -> AsyncIterator[str]:
+    """The download in a thread; its notes and byte counts streamed as they come."""
     loop = asyncio.get_running_loop()
-    notes: asyncio.Queue[str] = asyncio.Queue()
+    notes: asyncio.Queue[dict] = asyncio.Queue()
+
+    def note(obj: dict) -> None:
+        loop.call_soon_threadsafe(notes.put_nowait, obj)
+
     yield line({"status": "pulling manifest"})
-    fut = loop.run_in_executor(None, lambda: hub.download(ref, lambda m: loop.call_soon_threadsafe(
-        notes.put_nowait, m)))
-    while not fut.done():
+    fut = loop.run_in_executor(None, lambda: hub.download(
+        ref, lambda m: note({"status": m}), on_bytes=lambda *a: note(_bytes_line(*a))))
+    streamed = False
+    while not fut.done() or not notes.empty():
         try:
-            yield line({"status": await asyncio.wait_for(notes.get(), 0.5)})
+            obj = await asyncio.wait_for(notes.get(), 0.2)
         except asyncio.TimeoutError:
             continue
+        streamed = streamed or "total" in obj
+        yield line(obj)
     try:
         path = fut.result()
     except SpecliError as e:
         yield line({"error": " ".join(str(e).split())})
         return
-    while not notes.empty():
-        yield line({"status": notes.get_nowait()})
-    for obj in _done(path):
+    for obj in _done(path, streamed):
         yield line(obj)
 
 

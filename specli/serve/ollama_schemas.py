@@ -198,8 +198,16 @@ class GenerateBody(AnswerBody):
 
 
 class ShowBody(_Body):
-    model: str = Field(min_length=1)
+    model: str = ""
+    name: str = ""  # the field's old name, which older clients still send
     verbose: bool = False
+
+    @model_validator(mode="after")
+    def _named(self) -> ShowBody:
+        self.model = self.model or self.name
+        if not self.model:
+            raise ValueError("model: give the model's name")
+        return self
 
 
 def error_line(errors: list) -> str:
