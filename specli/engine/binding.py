@@ -12,8 +12,6 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-import numpy as np
-
 from specli.errors import SpecliError
 from specli.resolve.gguf_header import VocabInfo, read_gguf
 
@@ -125,7 +123,7 @@ class Model:
         # MTP (NextN) layers loaded with the model: self-speculation needs them
         self.n_mtp_layers = int(L.llama_model_n_layer_nextn(self._model)) if load_mtp else 0
         self._pieces: dict[tuple[int, bool], bytes] = {}
-        self._eog = np.array([bool(L.llama_vocab_is_eog(self.vocab, i)) for i in range(self.n_vocab)])
+        self._eog: dict[int, bool] = {}  # asked token by token (a 262k vocabulary takes 0.1 s to list)
 
     @property
     def handle(self):
@@ -158,7 +156,12 @@ class Model:
             add_bos=self.add_bos, add_eos=bool(L.llama_vocab_get_add_eos(self.vocab)), tokens=texts)
 
     def is_eog(self, token: int) -> bool:
-        return bool(self._eog[token])
+        got = self._eog.get(token)
+        if got is None:
+            if not 0 <= token < self.n_vocab:
+                raise IndexError(f"token {token} outside the vocabulary (0..{self.n_vocab - 1})")
+            got = self._eog[token] = bool(L.llama_vocab_is_eog(self.vocab, int(token)))
+        return got
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         data = text.encode("utf-8")

@@ -29,17 +29,17 @@ class Weights:
             return model
 
     def put(self, model: Model) -> None:
-        """One holder lets ``model`` go; the last one closes it."""
+        """One holder lets ``model`` go; the last one closes it (outside the lock: freeing a
+        model's memory takes a while, and a load beside it need not wait)."""
         with self._lock:
             for key, (m, n) in self._held.items():
                 if m is model:
                     if n > 1:
                         self._held[key] = (m, n - 1)
-                    else:
-                        del self._held[key]
-                        m.close()
-                    return
-        model.close()  # not shared: its holder's alone
+                        return
+                    del self._held[key]
+                    break
+        model.close()
 
     def holders(self, path: str) -> int:
         """How many hold a model of ``path`` (at any placement)."""

@@ -11,6 +11,8 @@ also be the word ``mtp`` (the target's own multi-token-prediction layers: no fil
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 import sys
 from collections.abc import Callable
@@ -189,13 +191,20 @@ def _read(path) -> str:
     return decode_utf8(data, str(path), f"iconv -f {{enc}} -t UTF-8 {path} > fixed.yaml")
 
 
-def _load() -> tuple[dict[str, Profile], dict[str, SpecliError]]:
-    """Every valid profile by name (a user's overrides a shipped one of the same name), and the
-    user's files that do not parse: file stem -> the parser's one-line error."""
+@functools.cache
+def _shipped_profiles() -> dict[str, Profile]:
+    """The profiles specli ships, parsed once a process (they change only with specli)."""
     out: dict[str, Profile] = {}
     for where, text in _shipped():
         prof = parse_profile(text, where)
         out[prof.name] = prof
+    return out
+
+
+def _load() -> tuple[dict[str, Profile], dict[str, SpecliError]]:
+    """Every valid profile by name (a user's overrides a shipped one of the same name), and the
+    user's files that do not parse: file stem -> the parser's one-line error."""
+    out = {name: copy.deepcopy(prof) for name, prof in _shipped_profiles().items()}
     broken: dict[str, SpecliError] = {}
     d = user_profile_dir()
     for p in sorted(d.iterdir()) if d.is_dir() else []:

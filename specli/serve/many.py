@@ -7,6 +7,7 @@ import re
 from collections.abc import Callable
 
 from specli.errors import SpecliError
+from specli.hardware.devices import detect
 from specli.serve.app import create_app
 from specli.serve.models import Models, budgets
 from specli.serve.pool import keep_alive_seconds
@@ -33,9 +34,10 @@ def serve_many(base: Options, chosen: list[str] | None, *, host: str, port: int,
                           "give --draft with one --target")
     check_bind(host, port, api_key)
     keep = keep_alive_flag(keep_alive)
-    host_mem, gpu_mem = budgets(base.vram)
+    hardware = detect(base.vram)  # once: the budgets and every model's placement
+    host_mem, gpu_mem = budgets(hardware)
     models = Models(base, queue=queue, keep_alive=keep, max_loaded=max_loaded, host=host_mem, gpu=gpu_mem,
-                    only=chosen)
+                    only=chosen, hardware=hardware)
     c = models.rescan()  # an unknown --target is one line now, not at the first request
     if not c.entries:
         raise SpecliError("no models on disk to serve (specli models lists what it finds; "

@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 from specli.engine.weights import Weights
 from specli.errors import SpecliError
-from specli.hardware.devices import detect
+from specli.hardware.devices import Hardware, detect
 from specli.hardware.placement import Placement, place
 from specli.hardware.plan import HostMemoryTooSmall, available_ram
 from specli.resolve import catalog as cat
@@ -72,7 +72,8 @@ class Models:
     def __init__(self, base: Options, *, queue: int = 8, keep_alive: float | None = DEFAULT_KEEP_ALIVE,
                  max_loaded: int | None = None, host: int | None = None, gpu: int | None = None,
                  only: list[str] | None = None, scan: Callable[[], list[local.LocalModel]] = local.scan,
-                 worker: Callable[[Session, int], Worker] = make_worker, progress=None):
+                 worker: Callable[[Session, int], Worker] = make_worker, progress=None,
+                 hardware: Hardware | None = None):
         self.base, self.queue, self.default_keep_alive = base, queue, keep_alive
         self._scan, self._make_worker, self._progress = scan, worker, progress
         self._only = only
@@ -80,7 +81,7 @@ class Models:
         self._catalog: cat.Catalog | None = None
         self._plans: dict[str, tuple[Options, Placement]] = {}
         self.weights = Weights()  # a draft model two loaded targets use is loaded once
-        self._hardware = detect(base.vram)  # the machine, detected once
+        self._hardware = hardware or detect(base.vram)  # the machine, detected once
         self.pool = Pool(self._load, self._unload, host=host, gpu=gpu, max_loaded=max_loaded)
         self._keys: dict[str, cat.Entry] = {}
 
@@ -306,7 +307,7 @@ def _chosen(c: cat.Catalog, ref: str) -> cat.Entry:
         raise
 
 
-def budgets(vram: str | None) -> tuple[int | None, int | None]:
+def budgets(hardware: Hardware) -> tuple[int | None, int | None]:
     """The host and GPU memory the models may use together: what is free now."""
     host, _ = available_ram()
-    return host, detect(vram).budget
+    return host, hardware.budget

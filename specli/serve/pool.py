@@ -100,6 +100,7 @@ class Resident:
     load_duration: float = 0.0
     error: BaseException | None = None
     evicted: list[Resident] = field(default_factory=list)  # the idle models its load unloads first
+    evict_beside: bool = False  # memory holds them and this model together: unloaded during its load
     ready: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -132,6 +133,7 @@ class Pool:
         self._held: dict[str, Resident] = {}
         self._cond = threading.Condition()
         self._closed = False
+        self._freeing: list[threading.Thread] = []  # unloads that run beside a load
         self._reaper = threading.Thread(target=self._reap, name="specli-pool-reaper", daemon=True)
         self._reaper.start()
 
@@ -203,6 +205,8 @@ class Pool:
         for r in held:
             if r.ready.is_set() and r.error is None:
                 self._unload(r.value)
+        for t in self._freeing:
+            t.join()
 
     # -- inside ---------------------------------------------------------------------------------
     def _place(self, want: Want, cancelled: Callable[[], bool] | None) -> tuple[Resident, bool]:
@@ -228,7 +232,9 @@ class Pool:
                 return res, False
         for v in victims:
             del self._held[v.want.key]
-        res = Resident(want, last_used=self.clock(), evicted=victims)
+        # unloaded only for --max-loaded, with memory for both: freed beside the load, not before it
+        beside = bool(victims) and self._fits(want, list(self._held.values()) + victims, counted=False)
+        res = Resident(want, last_used=self.clock(), evicted=victims, evict_beside=beside)
         self._held[want.key] = res
         return res, True
 
@@ -237,6 +243,12 @@ class Pool:
             if v.error is None:
                 self._unload(v.value)
 
+    def _free_beside(self, victims: list[Resident]) -> None:
+        t = threading.Thread(target=self._unload_all, args=(victims,), name="specli-pool-unload", daemon=True)
+        with self._cond:
+            self._freeing = [th for th in self._freeing if th.is_alive()] + [t]
+        t.start()
+
     def _check_alone(self, want: Want) -> None:
         host, gpu = sum(want.parts.values()), want.size_vram
         if self.host is not None and host > self.host:
@@ -244,8 +256,8 @@ class Pool:
         if self.gpu is not None and gpu > self.gpu:
             raise DoesNotFit(f"{want.key} needs {_gib(gpu)} of GPU memory, more than the {_gib(self.gpu)} it may use")
 
-    def _fits(self, want: Want, staying: list[Resident]) -> bool:
-        if self.max_loaded is not None and len(staying) + 1 > self.max_loaded:
+    def _fits(self, want: Want, staying: list[Resident], counted: bool = True) -> bool:
+        if counted and self.max_loaded is not None and len(staying) + 1 > self.max_loaded:
             return False
         host, gpu = dict(want.parts), dict(want.gpu)
         for r in staying:
@@ -273,7 +285,10 @@ class Pool:
         t0 = self.clock()
         try:
             evicted, res.evicted = res.evicted, []
-            self._unload_all(evicted)  # their memory is free before this load takes it
+            if res.evict_beside:
+                self._free_beside(evicted)
+            else:
+                self._unload_all(evicted)  # their memory is free before this load takes it
             res.value = self._load(res.want)
         except BaseException as e:
             res.error = e
