@@ -245,6 +245,35 @@ def test_a_file_truncated_after_discovery_fails_only_its_request_and_holds_nothi
             shutil.rmtree(p)
 
 
+def test_a_request_never_waits_on_another_models_generation(home):
+    """Each loaded model has its own worker: one model held mid-answer, another answers."""
+    from servehelp import hooked_worker
+    workers = {}
+
+    def make(session, queue):
+        workers[session.target.path] = hooked_worker(session, queue)
+        return workers[session.target.path]
+
+    models, bg = serve(worker=make)
+    go_on, held = threading.Event(), threading.Event()
+    with bg as url:
+        oc = ollama.Client(host=url, timeout=300)
+        oc.generate(model="tiny-big")
+        big = workers[models.find("tiny-big").path]
+        big.after_chunk = lambda job, n: (held.set(), go_on.wait(120))
+        got = {}
+        t = threading.Thread(target=lambda: got.setdefault("big", oc.chat(
+            model="tiny-big", messages=[{"role": "user", "content": "hi"}], options={"num_predict": 4})))
+        t.start()
+        assert held.wait(120)
+        other = oc.chat(model="tiny-other", messages=[{"role": "user", "content": "hi"}], options={"num_predict": 4})
+        assert other.eval_count == 4 and "big" not in got  # answered while tiny-big is held mid-answer
+        go_on.set()
+        t.join(120)
+        assert got["big"].eval_count == 4
+    models.stop()
+
+
 class GatedModels(Models):
     """Loads wait for ``gate``."""
 
