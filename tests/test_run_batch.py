@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -155,7 +156,7 @@ def test_a_job_killed_mid_run_and_restarted_writes_each_id_once(models, env, tmp
     f = tmp_path / "many.jsonl"
     f.write_text(_jsonl(rows))
     out = tmp_path / "killed.jsonl"
-    args = [sys.executable, "-m", "specli", "run", *models, "-n", "64", "--batch", str(f), "--out", str(out)]
+    args = [sys.executable, "-m", "specli", "run", *models, "-n", "32", "--batch", str(f), "--out", str(out)]
     proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
@@ -166,11 +167,11 @@ def test_a_job_killed_mid_run_and_restarted_writes_each_id_once(models, env, tmp
         proc.wait()
     first = _lines(out.read_text().rsplit("\n", 1)[0] + "\n")
     assert 0 < len(first) < len(rows)  # killed mid-job
-    rc, _, err = specli("run", *models, "-n", "64", "--batch", str(f), "--out", str(out), env=env)
+    rc, _, err = specli("run", *models, "-n", "32", "--batch", str(f), "--out", str(out), env=env)
     assert rc == 0, err
     got = _lines(out.read_text())
     assert [r["id"] for r in got] == list(range(20))
-    rc, ref, err = specli("run", *models, "-n", "64", "--batch", str(f), env=env)  # one uninterrupted job
+    rc, ref, err = specli("run", *models, "-n", "32", "--batch", str(f), env=env)  # one uninterrupted job
     assert rc == 0, err
     assert [r["text"] for r in got] == [r["text"] for r in _lines(ref)]
 
@@ -270,29 +271,33 @@ def test_progress_on_a_terminal_only():
     assert show(False) == ""
 
 
+def _read_all(fd: int, into: list) -> None:
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # EIO: the other end closed
+            return
+        if not chunk:
+            return
+        into.append(chunk)
+
+
 def test_progress_bar_when_stderr_is_a_terminal(models, env, items_file):
     master, slave = pty.openpty()
+    seen: list[bytes] = []
+    reader = threading.Thread(target=_read_all, args=(master, seen), daemon=True)
     try:
-        r = subprocess.run([sys.executable, "-m", "specli", "run", *models, "-n", "8", "--batch", str(items_file)],
-                           stdout=subprocess.PIPE, stderr=slave, env={**env, "TERM": "xterm"}, timeout=300)
+        proc = subprocess.Popen([sys.executable, "-m", "specli", "run", *models, "-n", "8", "--batch",
+                                 str(items_file)], stdout=subprocess.PIPE, stderr=slave, env={**env, "TERM": "xterm"})
         os.close(slave)
-        slave = None
-        seen = b""
-        while True:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            seen += chunk
+        reader.start()  # read as it writes: a full terminal buffer would block it
+        out, _ = proc.communicate(timeout=300)
+        reader.join(timeout=30)
     finally:
         os.close(master)
-        if slave is not None:
-            os.close(slave)
-    assert r.returncode == 0
-    assert len(_lines(r.stdout.decode())) == len(ITEMS)
-    text = seen.decode("utf-8", "replace")
+    assert proc.returncode == 0
+    assert len(_lines(out.decode())) == len(ITEMS)
+    text = b"".join(seen).decode("utf-8", "replace")
     assert f"{len(ITEMS)}/{len(ITEMS)}" in text and "tok/s" in text
 
 

@@ -111,10 +111,10 @@ def run_job(opts: BatchOptions, open_session: Callable[[], object], notify: Call
         try:
             jobs, bad = prepare(sess, todo, opts.defaults)
             job.check(bad)
-            prog = job.run(sess, jobs)
+            prog = job.run(sess, jobs) if jobs else None
         finally:
             sess.close()
-        if opts.stats:
+        if opts.stats and prog is not None:
             notify(prog.summary())
     finally:
         job.sink.close()
