@@ -52,7 +52,7 @@ def env(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def models(tiny_target, tiny_draft):
-    return ["--target", tiny_target, "--draft", tiny_draft, "-t", "2"]
+    return ["--target", tiny_target, "--draft", tiny_draft, "-t", "1"]  # one thread: quick on a busy machine too
 
 
 @pytest.fixture(scope="module")
