@@ -34,11 +34,18 @@ class StdoutSink:
         self.stream = stream or sys.stdout
 
     def write(self, record: dict) -> None:
-        self.stream.write(_line(record).decode("utf-8"))
-        self.stream.flush()
+        try:
+            self.stream.write(_line(record).decode("utf-8"))
+            self.stream.flush()
+        except BrokenPipeError:  # the reader left (`| head`): stop, quietly at exit too
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
+            raise SpecliError("standard output was closed: the job stopped", exit_code=141) from None
 
     def close(self) -> None:
-        self.stream.flush()
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            pass
 
 
 class ResultFile:
