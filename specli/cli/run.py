@@ -44,6 +44,8 @@ Examples:
   specli run --target model.gguf --draft none --prompt "Hello" --json
 
   specli run --profile default --json-schema person.schema.json --prompt "Extract: Ada Lovelace, 36"
+
+  specli run --profile default --batch items.jsonl --out results.jsonl --parallel 4
 """
 
 
@@ -83,6 +85,18 @@ def run(
     grammar: str | None = typer.Option(None, "--grammar", metavar="FILE",
                                           help="Constrain the output to this grammar: GBNF (llama.cpp's), "
                                                "or Lark when the file ends in .lark."),
+    batch: str | None = typer.Option(None, "--batch", metavar="FILE",
+                                        help="Run every line of this JSONL file ('-': standard input): {\"id\", "
+                                             "\"prompt\" or \"messages\"}, optionally max_tokens, temperature, "
+                                             "seed, json_schema. One JSON line per item, in input order "
+                                             "(docs/batch.md)."),
+    out: str | None = typer.Option(None, "--out", "-o", metavar="FILE",
+                                      help="With --batch: append the results here; a rerun skips the ids "
+                                           "already written."),
+    strict: bool = typer.Option(False, "--strict", help="With --batch: a bad line stops the job before "
+                                                        "anything runs (default: it is reported and skipped)."),
+    parallel: int = typer.Option(1, "--parallel", min=1, max=64,
+                                 help="With --batch: items generated at once, in one batch (as serve --parallel)."),
 ):
     """Generate from a prompt on standard input; text streams to standard output."""
     from specli.constrain import from_options
@@ -90,9 +104,9 @@ def run(
     from specli.speculate.verify import SamplingParams
 
     opts = model_options(click_ctx)
-    if plan:
-        print_plan(opts)
-        return
+    code = _other_job(click_ctx, opts)  # --plan, --batch
+    if code is not None:
+        raise typer.Exit(code)
     constraint = from_options(json_schema, regex, grammar)
     text = read_prompt(prompt, file)
     sess = Session(opts, progress=err)
@@ -140,6 +154,19 @@ def run(
     sess.close()
     if interrupted:
         raise typer.Exit(130)
+
+
+def _other_job(click_ctx: typer.Context, opts) -> int | None:
+    """``--plan`` (print the plan) or ``--batch`` (run the file's items); their exit status,
+    None for a single prompt."""
+    p = click_ctx.params
+    if p["plan"]:
+        print_plan(opts)
+        return 0
+    if p["batch"] is not None or p["out"] or p["strict"] or p["parallel"] > 1:
+        from specli.cli.batch import run_batch
+        return run_batch(click_ctx, opts)
+    return None
 
 
 def _cheaper_quant(ref: str | None, path: str) -> None:

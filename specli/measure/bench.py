@@ -190,8 +190,8 @@ class _BenchRun:
             return out, Stats(generated=len(out), t_generate=secs)
         drafter = self.sess.drafter_for(self.available[mode])  # built before its run: loaded and priced at the warm-up
         self.sess.ctx.clear()
-        params = SamplingParams(sp.temperature, sp.top_k, sp.top_p, seed=1234)
-        resp = self.sess.generate(toks, params, n, drafter)
+        params = SamplingParams(sp.temperature, sp.top_k, sp.top_p, seed=1234 if sp.seed is None else sp.seed)
+        resp = self.sess.generate(toks, params, n, drafter, constraint=sp.constraint())
         out = [t for ch in resp for t in ch.tokens]
         return out, resp.stats
 

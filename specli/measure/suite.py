@@ -1,4 +1,5 @@
-"""Prompt suites for measuring: the shipped ones (``BUILTIN_SUITES``) or a user's YAML / JSONL file."""
+"""Prompt suites for measuring: the shipped ones (``BUILTIN_SUITES``) or a user's YAML / JSONL file
+(a ``specli run --batch`` file is one: its ``seed`` and ``json_schema`` keys apply)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from importlib import resources
 
 import yaml
 
+from specli.constrain import Constraint
 from specli.errors import SpecliError
 
 BUILTIN_SUITES = ("code", "grounded", "chat", "unpredictable",
@@ -16,11 +18,11 @@ BUILTIN_SUITES = ("code", "grounded", "chat", "unpredictable",
 # the prompt itself: `text`, or `prompt` (common in JSONL sets), or `turns` (multi-turn sets such as
 # MT-Bench / Spec-Bench: the first turn is used), or `messages` (a whole conversation, rendered with
 # the model's chat template); `question_id` names it there, `category` and `reference` are their
-# metadata (kept out of the prompt)
+# metadata (kept out of the prompt); `seed` and `json_schema` as a `specli run --batch` file gives them
 TEXT_KEYS = ("text", "prompt", "turns", "messages")
 ROLES = ("system", "user", "assistant")
 PROMPT_KEYS = {"id", "question_id", "category", "reference", "temperature", "top_p", "top_k", "max_tokens",
-               *TEXT_KEYS}
+               "seed", "json_schema", *TEXT_KEYS}
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,11 @@ class SuitePrompt:
     max_tokens: int | None = None
     # a conversation as (role, content) pairs ending with a user turn; `text` is then its last user turn
     messages: tuple[tuple[str, str], ...] = ()
+    seed: int | None = None  # the sampler's seed (bench's own when None)
+    json_schema: str | None = None  # the output's JSON schema, as JSON text
+
+    def constraint(self) -> Constraint | None:
+        return None if self.json_schema is None else Constraint.json_schema(self.json_schema)
 
 
 @dataclass
@@ -56,7 +63,7 @@ def _first_turn(turns, where: str) -> str:
     return users[0]["content"]
 
 
-def _messages(msgs, where: str) -> tuple[tuple[str, str], ...]:
+def parse_messages(msgs, where: str) -> tuple[tuple[str, str], ...]:
     """A `messages` list: {role, content} mappings, roles system (first only) / user / assistant,
     ending with a user turn."""
     if not isinstance(msgs, list) or not msgs:
@@ -92,7 +99,7 @@ def _prompt(d: dict, where: str, i: int) -> SuitePrompt:
     if not given:
         text = None
     elif given[0] == "messages":
-        messages = _messages(d["messages"], f"{where}: prompt {i + 1}")
+        messages = parse_messages(d["messages"], f"{where}: prompt {i + 1}")
         text = messages[-1][1]
     elif given[0] == "turns":
         text = _first_turn(d["turns"], f"{where}: prompt {i + 1}")
@@ -106,9 +113,40 @@ def _prompt(d: dict, where: str, i: int) -> SuitePrompt:
                            temperature=float(d.get("temperature", 0.0)), top_p=float(d.get("top_p", 1.0)),
                            top_k=int(d.get("top_k", 0)),
                            max_tokens=None if d.get("max_tokens") is None else int(d["max_tokens"]),
-                           messages=messages)
+                           messages=messages, **_sampling_extras(d, f"{where}: prompt {i + 1}"))
     except (TypeError, ValueError) as e:
         raise SpecliError(f"{where}: prompt {i + 1}: {e}") from None
+
+
+def _sampling_extras(d: dict, where: str) -> dict:
+    """A batch file's ``seed`` and ``json_schema``, as :class:`SuitePrompt` keeps them."""
+    seed = d.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise SpecliError(f"{where}: 'seed' must be an integer")
+    schema = d.get("json_schema")
+    return {"seed": seed, "json_schema": None if schema is None else schema_text(schema, where)}
+
+
+def schema_text(value, where: str) -> str:
+    """A ``json_schema`` value as JSON text, checked: the schema itself (an object), or the
+    path of a .json file that holds it (as ``specli run --json-schema FILE`` takes it)."""
+    if isinstance(value, str):
+        try:
+            with open(value, encoding="utf-8") as f:
+                value = f.read()
+        except FileNotFoundError:
+            raise SpecliError(f"{where}: json_schema file not found: {value}") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise SpecliError(f"{where}: cannot read json_schema {value}: {getattr(e, 'strerror', None) or e}") \
+                from None
+    elif not isinstance(value, (dict, bool)):
+        raise SpecliError(f"{where}: 'json_schema' must be a schema object or the path of a .json file")
+    try:
+        c = Constraint.json_schema(value)
+        c.check()
+    except SpecliError as e:
+        raise SpecliError(f"{where}: {e}") from None
+    return c.source
 
 
 def parse_suite(text: str, where: str, default_name: str) -> Suite:
