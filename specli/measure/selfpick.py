@@ -182,3 +182,20 @@ def _store_choice(target: str, record: dict) -> None:
         os.replace(tmp, p)
     except OSError:
         pass  # a read-only cache only costs a measurement next time
+
+
+def report(target: str, own: SelfSpec, progress: Callable[[str], None] | None = None) -> list[str]:
+    """``specli check TARGET early-exit|layer-skip[:...]``: the derived draft, its layers and
+    size, and the candidates measured to choose it."""
+    notes: list[str] = []
+    path, label = derived_draft(target, own, SpecSettings(), None, notes, progress)
+    dh = read_gguf(path)
+    n = derive.n_layers(read_gguf(target))
+    lines = [f"draft: {label}, derived from the target: {derive.n_layers(dh)} of {n} layers, "
+             f"{os.path.getsize(path) / 2**20:.1f} MiB at {path}", *notes]
+    got = load_choice(target).get(f"{own.kind}:{SpecSettings().draft_max}:0")
+    for m in (got or {}).get("candidates", []) if not own.arg else []:
+        lines.append(f"  {m['label']}: acceptance {100 * m['acceptance']:.0f}%, {1e3 * m['token_cost']:.2f} ms a "
+                     f"drafted token, priced {m['speedup']:.2f}x plain (draft length {m['k']})"
+                     + ("  <- chosen" if m["label"] == label else ""))
+    return lines

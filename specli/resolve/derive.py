@@ -210,7 +210,7 @@ def derive(target: str, lay: Layers, threads: int | None = None) -> tuple[str, b
         if per_layer_arrays(h):
             _copy_with_gguf(target, tmp, lay)
         else:
-            _prune_with_llama(target, tmp, lay, threads)
+            prune_with_llama(target, tmp, lay, threads)
         got = n_layers(read_gguf(tmp))
         if got != len(lay.kept):
             raise SpecliError(f"deriving {lay.label} from {target} gave {got} layers, not {len(lay.kept)}")
@@ -227,10 +227,11 @@ def per_layer_arrays(h: GGUFHeader) -> list[str]:
     values): what a pruned copy must cut to the kept layers."""
     n, prefix = n_layers(h), f"{h.architecture}."
     return [k for k, v in h.metadata.items()
-            if k.startswith(prefix) and isinstance(v, (list, tuple)) and len(v) == n and n > 1]
+            if k.startswith(prefix) and not isinstance(v, (str, bytes)) and hasattr(v, '__len__')
+            and len(v) == n and n > 1]
 
 
-def _prune_with_llama(src: str, dst: str, lay: Layers, threads: int | None) -> None:
+def prune_with_llama(src: str, dst: str, lay: Layers, threads: int | None) -> None:
     """llama.cpp's own pruning: ``llama_model_quantize`` copying every tensor as it is
     (``only_copy``) but the pruned blocks', the rest renumbered, ``block_count`` updated."""
     import llama_cpp as L
