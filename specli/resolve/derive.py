@@ -222,13 +222,19 @@ def derive(target: str, lay: Layers, threads: int | None = None) -> tuple[str, b
     return str(out), True
 
 
+# the keys llama.cpp reads as one value per layer (get_key_or_arr / get_arr with n_layer in
+# src/llama-model.cpp and src/models/*.cpp); rope.dimension_sections, say, is not one
+PER_LAYER_KEYS = ("feed_forward_length", "attention.head_count", "attention.head_count_kv", "expert_used_count",
+                  "expert_feed_forward_length", "attention.sliding_window_pattern", "attention.recurrent_layers",
+                  "swiglu_clamp_exp", "swiglu_clamp_shexp", "ple.layer_multipliers")
+
+
 def per_layer_arrays(h: GGUFHeader) -> list[str]:
-    """The target's metadata arrays with one value per layer (``{arch}.*`` of ``block_count``
-    values): what a pruned copy must cut to the kept layers."""
-    n, prefix = n_layers(h), f"{h.architecture}."
-    return [k for k, v in h.metadata.items()
-            if k.startswith(prefix) and not isinstance(v, (str, bytes)) and hasattr(v, '__len__')
-            and len(v) == n and n > 1]
+    """The target's per-layer metadata arrays (:data:`PER_LAYER_KEYS` given as arrays of
+    ``block_count`` values): what a pruned copy must cut to the kept layers."""
+    n = n_layers(h)
+    return [f"{h.architecture}.{k}" for k in PER_LAYER_KEYS
+            if not isinstance(v := h.arch_key(k), (str, bytes, int, float, type(None))) and len(v) == n]
 
 
 def prune_with_llama(src: str, dst: str, lay: Layers, threads: int | None) -> None:
@@ -258,6 +264,7 @@ def _copy_with_gguf(src: str, dst: str, lay: Layers) -> None:
     arch = str(reader.fields["general.architecture"].contents())
     new_id = {old: new for new, old in enumerate(lay.kept)}
     n = lay.n_layer
+    cut = {f"{arch}.{k}" for k in PER_LAYER_KEYS}
     writer = gguf.GGUFWriter(dst, arch, endianess=reader.endianess)
     for field in reader.fields.values():
         if field.name == "general.architecture" or field.name.startswith("GGUF."):
@@ -267,7 +274,7 @@ def _copy_with_gguf(src: str, dst: str, lay: Layers) -> None:
         value = field.contents()
         if field.name == f"{arch}.block_count":
             value = len(lay.kept)
-        elif field.name.startswith(f"{arch}.") and sub is not None and isinstance(value, list) and len(value) == n:
+        elif field.name in cut and isinstance(value, list) and len(value) == n:
             value = [value[i] for i in lay.kept]
         writer.add_key_value(field.name, value, vtype, sub_type=sub)
     kept = []
