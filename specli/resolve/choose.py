@@ -151,6 +151,8 @@ def choose_models(opts: Options, progress: Callable[[str], None] | None = None) 
     tspec = prof.target if prof and not opts.target else ModelSpec((opts.target,))
     own = derive.parse(opts.draft)  # early-exit / layer-skip: a draft derived from the target
     source, dspec, prof = (DraftKind.MODEL, None, prof) if own else _asked(opts, tspec, prof)
+    if source is DraftKind.MODEL and dspec is None and not own:  # the profile's own-layer draft
+        own = derive.parse(prof.own_draft)
     if dspec is not None:
         th, dh = models.header_of_spec(tspec), models.header_of_spec(dspec)
         vocab.ensure_compatible(vocab_from_header(th), vocab_from_header(dh))
@@ -221,6 +223,9 @@ def _auto_draft(tspec: ModelSpec, prof: Profile | None, notes: list[str]) -> tup
         dspec = draft_on_disk(tspec, th, prof, notes.append)
         if dspec:
             return DraftKind.MODEL, dspec
+    if prof and prof.own_draft and not prof.draft_models:
+        notes.append(f"--draft auto: {prof.own_draft} (profile {prof.name}), derived from the target's own layers")
+        return DraftKind.MODEL, None
     if prof and prof.draft_models:
         dspec = prof.draft_models[0]
         notes.append(f"--draft auto: {dspec.ref} (profile {prof.name}), hybrid with prompt lookup")
