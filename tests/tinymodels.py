@@ -58,7 +58,7 @@ def add_tokenizer(wr, tok: dict, tokens: list[str] | None = None) -> int:
 
 
 def make_tiny_gguf(out: Path, tokenizer_gguf: str, *, seed: int = 0, noise: float = 0.0, noise_seed: int = 1,
-                   n_layer: int = 2, d: int = 64, n_head: int = 4, n_head_kv: int = 2, ff: int = 128,
+                   n_layer: int = 2, d: int = 64, n_head: int = 4, n_head_kv: int | list[int] = 2, ff: int = 128,
                    n_ctx: int = 4096, out_scale: float = 0.5, attn_scale: float = 1.0,
                    token_edits: dict[int, str] | None = None, metadata: dict | None = None,
                    chat_template: str | None = None) -> Path:
@@ -87,8 +87,9 @@ def make_tiny_gguf(out: Path, tokenizer_gguf: str, *, seed: int = 0, noise: floa
         p = f"blk.{i}."
         tensors[p + "attn_norm.weight"] = np.ones(d, np.float32)
         tensors[p + "attn_q.weight"] = w(n_head * hd, d, std=d ** -0.5)
-        tensors[p + "attn_k.weight"] = w(n_head_kv * hd, d, std=d ** -0.5)
-        tensors[p + "attn_v.weight"] = w(n_head_kv * hd, d, std=d ** -0.5)
+        hkv = n_head_kv[i] if isinstance(n_head_kv, list) else n_head_kv  # a list: a per-layer array key
+        tensors[p + "attn_k.weight"] = w(hkv * hd, d, std=d ** -0.5)
+        tensors[p + "attn_v.weight"] = w(hkv * hd, d, std=d ** -0.5)
         tensors[p + "attn_output.weight"] = w(d, n_head * hd, std=attn_scale * d ** -0.5)
         tensors[p + "ffn_norm.weight"] = np.ones(d, np.float32)
         tensors[p + "ffn_gate.weight"] = w(ff, d, std=d ** -0.5)
@@ -106,7 +107,10 @@ def make_tiny_gguf(out: Path, tokenizer_gguf: str, *, seed: int = 0, noise: floa
     wr.add_block_count(n_layer)
     wr.add_feed_forward_length(ff)
     wr.add_head_count(n_head)
-    wr.add_head_count_kv(n_head_kv)
+    if isinstance(n_head_kv, list):
+        wr.add_array("llama.attention.head_count_kv", n_head_kv)
+    else:
+        wr.add_head_count_kv(n_head_kv)
     wr.add_layer_norm_rms_eps(1e-5)
     wr.add_rope_dimension_count(hd)
     wr.add_vocab_size(n_vocab)

@@ -49,16 +49,24 @@ Examples:
 """)
 @one_line_errors
 def check(target: str = typer.Argument(..., help="Target model reference."),
-          draft: str | None = typer.Argument(None, help="Draft model reference (none: the target alone)."),
+          draft: str | None = typer.Argument(None, help="Draft model reference (none: the target alone), or "
+                                             "early-exit[:E] / layer-skip[:SET]: the draft derived from the target "
+                                             "and, without E or SET, the layers chosen by measurement."),
           as_json: bool = typer.Option(False, "--json", help="One JSON object: the checks and the target's "
                                        "predicted verify_curve on this machine.")):
     """Can this draft speculate for this target? llama.cpp's tokenizer rules, from the GGUF
     headers alone (Hub files are read with range requests, not downloaded). The target's own
     MTP layers are shown too."""
-    from specli.resolve import models, vocab
+    from specli.resolve import derive, models, vocab
     from specli.resolve.gguf_header import HEAD_DRAFTERS, HEAD_NAMES, head_fit, head_not_driven, vocab_from_header
 
     th = models.header_of(target)
+    if draft is not None and (own := derive.parse(draft)):  # early-exit / layer-skip: derived, measured
+        from specli.measure import selfpick
+
+        for line in selfpick.report(models.resolve(target, err), own, err):
+            print(line)
+        return
     if as_json:
         _check_json(target, th, draft)
         return

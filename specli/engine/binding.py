@@ -47,6 +47,12 @@ def _init_backend() -> None:
     _backend_ready = True
 
 
+def ready() -> None:
+    """The back end initialised (once), llama.cpp's log kept off stderr: for the few library
+    calls made without a model (a derived draft's copy: :mod:`specli.resolve.derive`)."""
+    _init_backend()
+
+
 @contextmanager
 def captured_log() -> Iterator[list[str]]:
     """llama.cpp's log lines while inside, collected in the list yielded (tests, doctor); they

@@ -176,7 +176,11 @@ class _BenchRun:
         use_chat = target.chat_template() is not None if chat is None else chat
         self.prompts = [(p, prompt_tokens(target, p, use_chat)) for p in suite.prompts]
         self.available = {m.name: m for m in sess.modes()}
-        self.modes = [m for m in ORDER if m in modes and (m == LCP or m in self.available)]
+        # a draft derived from the target answers to model/hybrid too, and reports its own name
+        # (early-exit:E, layer-skip:SET+lookup)
+        base = {m.name: m.base for m in self.available.values()}
+        self.modes = [m for m in sorted(self.available, key=lambda n: ORDER.index(base[n]))
+                      if self.available[m].answers(modes)] + ([LCP] if LCP in modes else [])
         self.results = {m: ModeResult(m) for m in self.modes}
         self.total = len(self.modes) * (len(self.prompts) * repeat + 1)
         self.done = 0

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from specli.errors import SpecliError
 from specli.options import Options
-from specli.resolve import hub, models, profiles, vocab
+from specli.resolve import derive, hub, models, profiles, vocab
 from specli.resolve.gguf_header import (
     HEAD_DFLASH,
     HEAD_EAGLE3,
@@ -26,7 +26,7 @@ from specli.resolve.gguf_header import (
 )
 from specli.resolve.on_disk import draft_on_disk, profile_for
 from specli.resolve.profiles import ModelSpec, Profile
-from specli.speculate.registry import DraftKind, DraftMode, available, mode_for, with_lookup
+from specli.speculate.registry import DraftKind, DraftMode, available, labelled, mode_for, with_lookup
 
 if TYPE_CHECKING:
     from specli.hardware.plan import Plan
@@ -42,6 +42,7 @@ class DraftPlan:
     # a drafting head's file: an MTP-only sidecar (the MTP kinds draft with its layers), an
     # EAGLE-3 head (the EAGLE3 kinds) or a DFlash head (the DFLASH kinds)
     head: str | None = None
+    label: str = ""  # a draft model derived from the target: early-exit:E or layer-skip:SET (resolve.derive)
 
     @property
     def kind(self) -> DraftKind:
@@ -74,12 +75,13 @@ class DraftPlan:
         if kind is self.kind:
             return self
         paid = kind.entry.paid is not None
-        return DraftPlan(mode_for(kind, self.mode.adaptive), self.draft_path if paid else None,
-                         self.head if paid else None)
+        return DraftPlan(labelled(mode_for(kind, self.mode.adaptive), self.label if paid else ""),
+                         self.draft_path if paid else None, self.head if paid else None, self.label if paid else "")
 
     def modes(self) -> list[DraftMode]:
         """Every mode a session of this plan can build (bench compares them)."""
-        return available(model=bool(self.draft_path), mtp=self.mtp, eagle3=self.eagle3, dflash=self.dflash)
+        return available(model=bool(self.draft_path), mtp=self.mtp, eagle3=self.eagle3, dflash=self.dflash,
+                         label=self.label)
 
 
 class Choice(NamedTuple):
@@ -147,7 +149,10 @@ def choose_models(opts: Options, progress: Callable[[str], None] | None = None) 
     profile."""
     prof = _named(opts)
     tspec = prof.target if prof and not opts.target else ModelSpec((opts.target,))
-    source, dspec, prof = _asked(opts, tspec, prof)
+    own = derive.parse(opts.draft)  # early-exit / layer-skip: a draft derived from the target
+    source, dspec, prof = (DraftKind.MODEL, None, prof) if own else _asked(opts, tspec, prof)
+    if source is DraftKind.MODEL and dspec is None and not own:  # the profile's own-layer draft
+        own = derive.parse(prof.own_draft)
     if dspec is not None:
         th, dh = models.header_of_spec(tspec), models.header_of_spec(dspec)
         vocab.ensure_compatible(vocab_from_header(th), vocab_from_header(dh))
@@ -159,9 +164,16 @@ def choose_models(opts: Options, progress: Callable[[str], None] | None = None) 
     if source is not DraftKind.MODEL:  # a drafting head, not a draft model
         head, dpath = dpath, None
     apply_profile_defaults(opts, prof)
+    label = ""
+    if own or (opts.draft == "auto" and source is DraftKind.LOOKUP and not (prof and prof.drafts)):
+        from specli.measure import selfpick  # loads models only where no E or SET is given
+
+        derived = selfpick.derived_draft(tpath, own, opts.spec, opts.threads, opts.notes, progress)
+        if derived:
+            (dpath, label), source = derived, DraftKind.MODEL
     s = opts.spec
     kind = DraftKind.NONE if s.draft_max == 0 else with_lookup(source, opts.lookup)
-    return Choice(tpath, DraftPlan(mode_for(kind, s.adaptive), dpath, head), prof)
+    return Choice(tpath, DraftPlan(labelled(mode_for(kind, s.adaptive), label), dpath, head, label), prof)
 
 
 def _head_drafter(ref: str, th: GGUFHeader, dh: GGUFHeader, notes: list[str]) -> DraftKind:
@@ -211,6 +223,9 @@ def _auto_draft(tspec: ModelSpec, prof: Profile | None, notes: list[str]) -> tup
         dspec = draft_on_disk(tspec, th, prof, notes.append)
         if dspec:
             return DraftKind.MODEL, dspec
+    if prof and prof.own_draft and not prof.draft_models:
+        notes.append(f"--draft auto: {prof.own_draft} (profile {prof.name}), derived from the target's own layers")
+        return DraftKind.MODEL, None
     if prof and prof.draft_models:
         dspec = prof.draft_models[0]
         notes.append(f"--draft auto: {dspec.ref} (profile {prof.name}), hybrid with prompt lookup")

@@ -34,6 +34,8 @@ DEFAULT_KEYS = ("ctx", "draft_max", "draft_p_min")
 # drafts entries that name a drafter instead of a model: the target's own multi-token-prediction
 # layers (no file), and prompt lookup (no model); kept as ModelSpec(("mtp",)) / ModelSpec(("lookup",))
 DRAFTERS = ("mtp", "lookup")
+# drafts entries naming a draft derived from the target: early-exit[:E], layer-skip[:SET]
+SELF_DRAFTERS = ("early-exit", "layer-skip")
 SHIPPED = "specli/profiles/"  # the `path` of a shipped profile starts with this
 
 
@@ -50,6 +52,8 @@ class ModelSpec:
     @property
     def kind(self) -> str:
         """'mtp' or 'lookup' for a drafts entry naming a drafter rather than a file, else 'model'."""
+        if len(self.sources) == 1 and self.ref.split(":")[0] in SELF_DRAFTERS:
+            return "self"  # a draft derived from the target's own layers (resolve.derive)
         return self.ref if self.ref in DRAFTERS and len(self.sources) == 1 else "model"
 
 
@@ -68,6 +72,11 @@ class Profile:
     def wants_mtp(self) -> bool:
         """The profile asks for self-speculation through the target's own MTP layers."""
         return any(d.kind == "mtp" for d in self.drafts)
+
+    @property
+    def own_draft(self) -> str | None:
+        """The draft derived from the target the profile asks for (``early-exit:4``), if any."""
+        return next((d.ref for d in self.drafts if d.kind == "self"), None)
 
     @property
     def draft_models(self) -> list[ModelSpec]:

@@ -16,6 +16,7 @@ drafter: a :class:`DraftKind` member and its :class:`Entry` (what it needs and i
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -56,11 +57,27 @@ class DraftMode:
 
     kind: DraftKind
     adaptive: bool = True  # the cost-aware controller; False: always draft up to draft_max
+    # a draft model derived from the target names its modes (early-exit:E, layer-skip:SET):
+    # LABEL, LABEL+lookup (hybrid), LABEL-fixed
+    label: str = ""
+
+    @property
+    def base(self) -> str:
+        """The mode's name in :data:`MODES` (``model``, ``hybrid``, ``model-fixed`` for a derived draft)."""
+        fixed = not self.adaptive and self.kind.entry.fixed is self.kind and self.kind is not DraftKind.NONE
+        return f"{self.kind.value}-fixed" if fixed else self.kind.value
 
     @property
     def name(self) -> str:
-        fixed = not self.adaptive and self.kind.entry.fixed is self.kind and self.kind is not DraftKind.NONE
-        return f"{self.kind.value}-fixed" if fixed else self.kind.value
+        if not self.label or self.kind.entry.paid is not DraftKind.MODEL:
+            return self.base
+        return self.label + {DraftKind.HYBRID: "+lookup"}.get(self.kind, "" if self.adaptive else "-fixed")
+
+    def answers(self, names) -> bool:
+        """Is this mode among ``names`` (bench's ``--modes``): by its name, its registry name or,
+        for a derived draft, its kind without the layers (``early-exit+lookup``)?"""
+        bare = self.name.replace(self.label, self.label.split(":")[0]) if self.label else self.name
+        return bool({self.name, self.base, bare} & set(names))
 
     def __str__(self) -> str:
         return self.name
@@ -141,9 +158,16 @@ def _every_mode() -> list[DraftMode]:
 MODES: dict[str, DraftMode] = {m.name: m for m in _every_mode()}
 
 
+SELF_MODE = re.compile(r"((?:early-exit|layer-skip)(?::[0-9,\-]+?)?)(\+lookup|-fixed)?")
+
+
 def mode(name: str) -> DraftMode:
-    """The mode a name means; an unknown name is a one-line error listing the known ones."""
+    """The mode a name means (a derived draft's too: ``early-exit:8+lookup``); an unknown name
+    is a one-line error listing the known ones."""
     m = MODES.get(name.strip())
+    if m is None and (sm := SELF_MODE.fullmatch(name.strip())):
+        kind = DraftKind.HYBRID if sm.group(2) == "+lookup" else DraftKind.MODEL
+        return DraftMode(kind, sm.group(2) != "-fixed", sm.group(1))
     if m is None:
         hint = " (plain decoding is 'none')" if name.strip() == "plain" else ""
         raise SpecliError(f"unknown drafter mode '{name}'{hint}; one of: {', '.join(MODES)}")
@@ -165,12 +189,18 @@ def with_lookup(kind: DraftKind, lookup: bool) -> DraftKind:
     return both.get(kind, kind) if lookup else alone.get(kind, kind)
 
 
-def available(model: bool, mtp: bool, eagle3: bool = False, dflash: bool = False) -> list[DraftMode]:
+def available(model: bool, mtp: bool, eagle3: bool = False, dflash: bool = False, label: str = "") -> list[DraftMode]:
     """The modes a session can build: those needing a draft model only with ``model``, those
     needing MTP layers only with ``mtp``, those needing an EAGLE-3 head only with ``eagle3``, a
-    DFlash head only with ``dflash``."""
+    DFlash head only with ``dflash``; the draft model's named ``label`` where it is derived
+    from the target (``early-exit:E``, ``layer-skip:SET``)."""
     have = {DraftKind.MODEL: model, DraftKind.MTP: mtp, DraftKind.EAGLE3: eagle3, DraftKind.DFLASH: dflash}
-    return [m for m in MODES.values() if m.kind.entry.paid is None or have[m.kind.entry.paid]]
+    return [labelled(m, label) for m in MODES.values() if m.kind.entry.paid is None or have[m.kind.entry.paid]]
+
+
+def labelled(m: DraftMode, label: str) -> DraftMode:
+    """``m`` named for a derived draft model (``label``), where it drafts with the draft model."""
+    return DraftMode(m.kind, m.adaptive, label) if label and m.kind.entry.paid is DraftKind.MODEL else m
 
 
 def build(mode: DraftMode, parts: Parts) -> Drafter:
