@@ -1,0 +1,152 @@
+"""Lookup remembers earlier answers (``--lookup-history``): the bounded index, its drafts
+lossless on the tiny f32 models (greedy and seeded, with measured history use), off at 0,
+the stats that count it, bench's ``lookup-history`` mode and a server's history per API key."""
+
+import pytest
+from exacthelp import CFG
+
+from specli.engine import Context
+from specli.errors import SpecliError
+from specli.speculate.adaptive import adaptive_drafter, lookup_drafter
+from specli.speculate.drafters import LookupDrafter, NoDrafter
+from specli.speculate.history import OFF, Bound, Histories, History, parse_bound
+from specli.speculate.loop import generate
+from specli.speculate.settings import SpecSettings
+from specli.speculate.source import Source, history_key
+from specli.speculate.verify import SamplingParams
+
+CHEAP_VERIFY = [1.0 + k / 10 for k in range(17)]  # drafting pays: a block of 17 costs 2.6 tokens
+# a repetitive job: one instruction over different short texts; the answers look alike
+JOB = [f"Item {i}: the {w} costs {i * 3} euros. Repeat the sentence twice." for i, w in
+       enumerate(["apple", "pear", "plum", "fig", "lime"], 1)]
+N = 48
+
+
+# -- the index ---------------------------------------------------------------------------
+def test_bound_parses_counts_sizes_and_off():
+    assert parse_bound("64") == Bound(answers=64)
+    assert parse_bound("500k") == Bound(tokens=500_000) and parse_bound("2M") == Bound(tokens=2_000_000)
+    assert parse_bound("50000t") == Bound(tokens=50_000) and parse_bound("256,100k") == Bound(256, 100_000)
+    assert parse_bound("0") is OFF and parse_bound("off") is OFF
+    for bad in ("-3", "many", "1.5", "2MB", "0k"):
+        with pytest.raises(ValueError, match="--lookup-history"):
+            parse_bound(bad)
+
+
+def test_a_match_copies_what_most_earlier_answers_went_on_with():
+    h = History(Bound(answers=8))
+    h.add([], [1, 2, 3, 4, 5])
+    h.add([], [9, 2, 3, 4, 6])
+    h.add([], [8, 2, 3, 4, 6])
+    # (2, 3, 4) went on with 6 twice, 5 once: the most frequent continuation
+    assert h.find([7, 2, 3, 4], 3) == ([6], 3)
+    # a match further back decides first: (1, 2, 3, 4) only ever went on with 5
+    assert h.find([1, 2, 3, 4], 3) == ([5], 4)
+    assert h.find([2, 3], 4) == ([4, 6], 2)
+    assert h.find([7, 7], 4) == ([], 0) and h.find([3], 4) == ([], 0)
+
+
+def test_the_oldest_answers_are_evicted_first_within_the_bound():
+    h = History(Bound(answers=3))
+    for i in range(10):
+        h.add([100 + i], [i, 50, 51, 52, 53])
+    assert len(h) == 3 and h.evicted == 7 and h.tokens == 3 * 6
+    assert h.find([2, 50], 2) == ([], 0) and h.find([9, 50], 2) == ([51, 52], 2)  # 2's answer is gone, 9's kept
+    assert h.find([7, 50, 51], 8) == ([52, 53], 3)
+    t = History(Bound(tokens=20))
+    for i in range(10):
+        t.add([], [i, 1, 2, 3, 4, 5, 6])
+    assert t.tokens <= 20 and len(t) == 2
+    # the index holds the kept answers' n-grams only: as if the evicted ones were never added
+    fresh = History(Bound(tokens=20))
+    for i in (8, 9):
+        fresh.add([], [i, 1, 2, 3, 4, 5, 6])
+    assert len(t.index) == len(fresh.index)
+
+
+def test_off_keeps_nothing_and_owners_never_share():
+    assert Histories(OFF).of(None) is None
+    hs = Histories(Bound(answers=4))
+    hs.of("a").add([], [1, 2, 3, 4])
+    assert hs.of("a").find([1, 2], 2) == ([3, 4], 2)
+    assert hs.of("b").find([1, 2], 2) == ([], 0) and hs.of(None).find([1, 2], 2) == ([], 0)
+
+
+def test_lookup_copies_from_history_only_where_it_matches_longer():
+    h = History(Bound(answers=4))
+    h.add([], [5, 6, 7, 8, 9, 10])
+    d = LookupDrafter(n_max=4)
+    d.recall(h)
+    # the context has no match: the copy comes from the earlier answer, learned apart
+    out = d.propose([1, 2, 6, 7], 3)
+    assert out.tokens == [8, 9, 10] and out.source == history_key(2) == Source("history", 2)
+    # the context's own match is longer: lookup's own copy
+    out = d.propose([1, 6, 7, 8, 3, 6, 7, 8], 3)
+    assert out.source.kind == "lookup" and out.tokens == [3, 6, 7]
+    d.recall(None)
+    assert d.propose([1, 2, 6, 7], 3).tokens == []
+
+
+# -- lossless on the tiny models -----------------------------------------------------------
+def _tokens(resp):
+    return [t for ch in resp for t in ch.tokens]
+
+
+def _job(tm, drafter_for, params, history, ctx):
+    """Every prompt of the job in order, each answer joining ``history``: the texts and stats."""
+    out = []
+    for text in JOB:
+        resp = generate(ctx, tm.tokenize(text), drafter_for(), params, max_tokens=N, draft_max=8, history=history)
+        out.append((_tokens(resp), resp.stats))
+    return out
+
+
+@pytest.fixture(scope="module")
+def ctx(tm):
+    c = Context(tm, CFG)
+    yield c
+    c.close()
+
+
+def _adaptive():
+    s = SpecSettings()
+    return adaptive_drafter(s, CHEAP_VERIFY, 0.0, lookup_drafter(s))
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, seed=11)],
+                         ids=["greedy", "seeded"])
+@pytest.mark.parametrize("drafter", [_adaptive, lambda: LookupDrafter()], ids=["adaptive", "fixed"])
+def test_history_drafts_keep_the_plain_text(tm, ctx, params, drafter):
+    plain = _job(tm, NoDrafter, params, None, ctx)
+    h = History(parse_bound("64"))
+    # the job twice over: the second pass finds each answer in history (and the first, the earlier ones)
+    spec = _job(tm, drafter, params, h, ctx) + _job(tm, drafter, params, h, ctx)
+    assert [t for t, _ in spec] == [t for t, _ in plain] * 2
+    assert len(h) == 2 * len(JOB)
+    used = sum(st.history for _, st in spec)
+    assert used > 0 and used == sum(n for _, st in spec for k, n in st.accepted_by_source.items()
+                                    if k.startswith("history"))
+    assert all(st.history == 0 for _, st in plain)
+
+
+def test_history_off_drafts_nothing_from_history(tm, ctx):
+    for _ in range(2):
+        for _, st in _job(tm, _adaptive, SamplingParams(), None, ctx):
+            assert st.history == 0 and not any(k.startswith("history") for k in st.drafted_by_source)
+
+
+def test_an_interrupted_answer_is_not_kept(tm, ctx):
+    h = History(Bound(answers=4))
+    resp = generate(ctx, tm.tokenize(JOB[0]), _adaptive(), SamplingParams(), max_tokens=N, history=h)
+    next(iter(resp))
+    resp.close()
+    assert len(h) == 0
+    _tokens(generate(ctx, tm.tokenize(JOB[0]), _adaptive(), SamplingParams(), max_tokens=N, history=h))
+    assert len(h) == 1
+
+
+def test_a_wrong_bound_is_a_one_line_error(tiny_target):
+    from specli.session import Options, Session
+    from specli.speculate.settings import SpecSettings as S
+    with pytest.raises((SpecliError, ValueError), match="--lookup-history"):
+        Session(Options(target=tiny_target, draft="lookup", spec=S(lookup_history="lots")))
