@@ -232,7 +232,7 @@ class Session:
         0); ``None`` or ``False``, none; a :class:`History`, that one."""
         if history is True:
             return self.histories.of(owner)
-        return history or None
+        return history if isinstance(history, History) else None
 
     def generate(self, prompt: list[int], params: SamplingParams, max_tokens: int,
                  drafter: Drafter | None = None, exact_prefill: bool = False,

@@ -150,3 +150,79 @@ def test_a_wrong_bound_is_a_one_line_error(tiny_target):
     from specli.speculate.settings import SpecSettings as S
     with pytest.raises((SpecliError, ValueError), match="--lookup-history"):
         Session(Options(target=tiny_target, draft="lookup", spec=S(lookup_history="lots")))
+
+
+def test_the_stats_summary_counts_history_tokens(tm, ctx):
+    h = History(Bound(answers=4))
+    first = _job(tm, _adaptive, SamplingParams(), h, ctx)
+    again = _job(tm, _adaptive, SamplingParams(), h, ctx)
+    st = max((st for _, st in first + again), key=lambda st: st.history)
+    assert st.history > 0 and f"{st.history} from history" in st.summary()
+    assert st.to_dict()["history"] == st.history
+
+
+# -- bench, the CLI, serve -----------------------------------------------------------------
+def test_bench_lookup_history_copies_from_the_suites_earlier_answers(tiny_target, monkeypatch):
+    from clihelp import simulate_costs_here
+    from rich.console import Console
+
+    from specli.measure.bench import run_bench
+    from specli.measure.report import render_tables
+    from specli.measure.suite import Suite, SuitePrompt
+    from specli.session import Options, Session
+
+    simulate_costs_here(monkeypatch, "gpu")  # drafting pays
+    suite = Suite("job", "", [SuitePrompt(f"p{i}", t) for i, t in enumerate(JOB)])
+    sess = Session(Options(target=tiny_target, draft="lookup", f32_kv=True, threads=2), build_drafter=False)
+    try:
+        rep = run_bench(sess, suite, ["none", "lookup", "lookup-history"], max_tokens=32, chat=False)
+        assert len(sess.histories.of(None) or []) == 0  # bench never feeds the session's own history
+    finally:
+        sess.close()
+    modes = rep.to_dict()["modes"]
+    assert list(modes) == ["none", "lookup", "lookup-history"]
+    assert modes["none"]["history"] == modes["lookup"]["history"] == 0  # lookup runs without history
+    assert modes["lookup-history"]["history"] > 0
+    assert set(modes["lookup-history"]["lossless"].values()) == {"identical"}
+    console = Console(record=True, width=200)
+    render_tables([rep], console)
+    assert "history" in console.export_text()
+
+
+def test_a_wrong_bound_on_the_command_line_is_one_line(tiny_target):
+    from clihelp import specli
+    rc, out, err = specli("run", "--target", tiny_target, "--lookup-history", "lots", "--prompt", "hi")
+    assert rc != 0 and out == ""
+    assert err.startswith("specli: error: --lookup-history: 'lots'") and err.count("\n") == 1
+
+
+def test_serve_keeps_a_history_per_api_key(tiny_target):
+    import httpx
+
+    from specli.serve.app import create_app
+    from specli.serve.runner import background
+    from specli.session import Options, Session
+
+    # lookup drafting a fixed length: every step it has a copy, it drafts it
+    sess = Session(Options(target=tiny_target, draft="lookup", n_ctx=1024, spec=SpecSettings(adaptive=False)))
+
+    def ask(url, key=None):
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        r = httpx.post(url + "/v1/completions", headers=headers, timeout=60,
+                       json={"model": "m", "prompt": JOB[0], "max_tokens": 24, "temperature": 0})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        return body["choices"][0]["text"], body["usage"]["speculative"]["history"]
+
+    try:
+        with background(create_app(sess, name="m", api_key=["k1", "k2"])) as url:
+            first = ask(url, "k1")
+            other = ask(url, "k2")  # k1's answer is not k2's to copy
+            again = ask(url, "k1")  # k1 copies its own earlier answer
+        with background(create_app(sess, name="m")) as url:  # no keys: one history for every request
+            open1, open2 = ask(url), ask(url)
+    finally:
+        sess.close()
+    assert first[0] == other[0] == again[0] == open1[0] == open2[0]
+    assert first[1] == other[1] == 0 and again[1] > 0
+    assert open1[1] == 0 and open2[1] > 0
