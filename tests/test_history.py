@@ -226,3 +226,31 @@ def test_serve_keeps_a_history_per_api_key(tiny_target):
     assert first[0] == other[0] == again[0] == open1[0] == open2[0]
     assert first[1] == other[1] == 0 and again[1] > 0
     assert open1[1] == 0 and open2[1] > 0
+
+
+def test_the_slots_of_a_batch_share_the_models_history(tiny_target, monkeypatch):
+    from batchhelp import run_together
+    from clihelp import simulate_costs_here
+
+    from specli.session import Options, Session
+    from specli.speculate.batch import Batch
+
+    simulate_costs_here(monkeypatch, "gpu")  # drafting pays
+    job = [JOB[0], JOB[2]]
+    one = Session(Options(target=tiny_target, draft="none", n_ctx=512, f32_kv=True, threads=2))
+    try:
+        plain = [_tokens(one.generate(one.target.tokenize(t), SamplingParams(), 32, history=None)) for t in job]
+    finally:
+        one.close()
+    two = Session(Options(target=tiny_target, draft="lookup", n_ctx=512, f32_kv=True, threads=2, parallel=2))
+    batch = Batch(two)
+    try:
+        reqs = [dict(prompt=two.target.tokenize(t), params=SamplingParams(), max_tokens=32) for t in job]
+        rounds = [run_together(batch, reqs) for _ in range(2)]
+        kept = len(two.histories.of(None))
+    finally:
+        batch.close()
+        two.close()
+    for out in rounds:
+        assert [[t for ch in r.chunks for t in ch.tokens] for r in out] == plain
+    assert kept == 4 and sum(r.stats.history for r in rounds[1]) > 0
