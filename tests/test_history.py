@@ -254,3 +254,21 @@ def test_the_slots_of_a_batch_share_the_models_history(tiny_target, monkeypatch)
     for out in rounds:
         assert [[t for ch in r.chunks for t in ch.tokens] for r in out] == plain
     assert kept == 4 and sum(r.stats.history for r in rounds[1]) > 0
+
+
+def test_the_replay_copies_from_the_answers_replayed_before():
+    from research.lab import policies
+    from research.lab.replay import Clock, Costs, Trace, replay
+
+    skeleton = [500 + i for i in range(40)]
+    traces = [Trace("job", f"t{i}", [1, 2, 3, 10 + i], skeleton[:20] + [900 + i] + skeleton[20:], [0])
+              for i in range(4)]
+    costs = Costs.linear(0.02, 0.05, 64)
+    p = policies.specli(("lookup",))
+    h = History(parse_bound("8"))
+    runs = []
+    for t in traces:
+        clock = Clock()
+        runs.append(replay(t, p.make(t, costs, clock), costs, p.draft_max, clock, h))
+    assert len(h) == 4 and runs[0].accepted == 0 and runs[-1].accepted > 30
+    assert policies.speedup(p, traces, costs, history="8") > policies.speedup(p, traces, costs) >= 1.0
