@@ -26,6 +26,7 @@ from specli.speculate import forced, registry
 from specli.speculate.adaptive import lookup_drafter
 from specli.speculate.drafters import Drafter, LookupDrafter, ModelDrafter, NoDrafter, PaidDrafter
 from specli.speculate.heads import DFlashDrafter, Eagle3Drafter, dflash_context, eagle3_context
+from specli.speculate.history import Histories, History, parse_bound
 from specli.speculate.loop import Response, Stats, check_prompt_fits, generate
 from specli.speculate.mtp import MTPDrafter
 from specli.speculate.registry import DraftKind, DraftMode
@@ -56,6 +57,11 @@ class Session:
         self.head_model: Model | None = None  # a drafting head (MTP-only, EAGLE-3, DFlash), loaded on first use
         self._paid: dict[DraftKind, PaidDrafter] = {}  # the draft model's and the MTP layers' drafters, shared
         self._verify_costs: list[float] | None = None
+        # earlier answers lookup copies from (--lookup-history): one history, or one per API key
+        try:
+            self.histories = Histories(parse_bound(opts.spec.lookup_history))
+        except ValueError as e:
+            raise SpecliError(str(e)) from None
         self.drafter: Drafter = NoDrafter()
         self.target = Model(self.placed.target, n_gpu_layers=self.target_gpu_layers, load_mtp=self.draft.loads_mtp)
         try:  # a load that fails leaves nothing loaded
@@ -220,14 +226,24 @@ class Session:
         check_prompt_fits(len(toks), self.ctx.n_ctx)
         return toks
 
+    def history(self, history: History | bool | None = True, owner: str | None = None) -> History | None:
+        """The earlier answers a generation copies from and joins: ``True``, ``owner``'s own
+        (the session's, or an API key's on a server with keys; None when --lookup-history is
+        0); ``None`` or ``False``, none; a :class:`History`, that one."""
+        if history is True:
+            return self.histories.of(owner)
+        return history if isinstance(history, History) else None
+
     def generate(self, prompt: list[int], params: SamplingParams, max_tokens: int,
                  drafter: Drafter | None = None, exact_prefill: bool = False,
-                 constraint: Constraint | None = None, logprobs: int | None = None) -> Response:
+                 constraint: Constraint | None = None, logprobs: int | None = None,
+                 history: History | bool | None = True, owner: str | None = None) -> Response:
         """Generate with the session's drafter (or ``drafter``); under a ``constraint`` a
-        speculating drafter also drafts the tokens the grammar forces (:class:`ForcedDrafter`)."""
+        speculating drafter also drafts the tokens the grammar forces (:class:`ForcedDrafter`).
+        ``history`` and ``owner``: the earlier answers lookup copies from (:meth:`history`)."""
         d = forced.under(drafter or self.drafter, constraint)
         return generate(self.ctx, prompt, d, params, max_tokens, self.opts.spec.draft_max, exact_prefill, constraint,
-                        logprobs)
+                        logprobs, self.history(history, owner))
 
     def plain_rate_estimate(self) -> float | None:
         """Tokens/s plain decoding would have reached here: the controller's measured cost of a

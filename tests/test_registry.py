@@ -33,7 +33,7 @@ def _tokens(sess: Session, mode) -> tuple[list[int], str]:
 
 def test_every_kind_has_an_entry_and_every_mode_a_name():
     assert set(registry.REGISTRY) == set(DraftKind)
-    assert list(MODES) == ["none", "lookup", "lookup-fixed", "model", "hybrid", "model-fixed",
+    assert list(MODES) == ["none", "lookup", "lookup-history", "lookup-fixed", "model", "hybrid", "model-fixed",
                            "mtp", "mtp-lookup", "mtp-fixed", "eagle3", "eagle3-lookup", "eagle3-fixed",
                            "dflash", "dflash-lookup", "dflash-fixed"]
     assert all(registry.mode(name).name == name for name in MODES)

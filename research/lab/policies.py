@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from research.lab.replay import Clock, Costs, Trace, TraceModel, replay
 from specli.speculate.adaptive import adaptive_drafter, lookup_drafter
 from specli.speculate.drafters import Drafter
+from specli.speculate.history import History, parse_bound
 from specli.speculate.settings import DEFAULTS, SpecSettings
 from specli.speculate.source import MODEL, MTP, Draft
 
@@ -25,12 +26,16 @@ class Policy:
     make: Callable[[Trace, Costs, Clock], Drafter]
 
 
-def speedup(policy: Policy, traces: Sequence[Trace], costs: Costs) -> float:
-    """``policy`` replayed over ``traces`` on ``costs``: its speed-up over plain decoding."""
+def speedup(policy: Policy, traces: Sequence[Trace], costs: Costs, history: str = "0") -> float:
+    """``policy`` replayed over ``traces`` on ``costs``: its speed-up over plain decoding.
+    ``history``: a ``--lookup-history`` bound; lookup then copies from the answers of the
+    traces replayed before, in order (default "0": none)."""
     plain = cost = 0.0
+    bound = parse_bound(history)
+    kept = None if bound.off else History(bound)
     for t in traces:
         clock = Clock()
-        cost += replay(t, policy.make(t, costs, clock), costs, policy.draft_max, clock).cost
+        cost += replay(t, policy.make(t, costs, clock), costs, policy.draft_max, clock, kept).cost
         plain += t.plain_cost
     return plain / cost
 

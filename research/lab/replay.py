@@ -30,6 +30,7 @@ from specli.engine import Context
 from specli.errors import SpecliError
 from specli.speculate.controller import block_ratio
 from specli.speculate.drafters import Drafter, NoDrafter, greedy_drafts, row_top
+from specli.speculate.history import History
 from specli.speculate.loop import generate
 from specli.speculate.source import Draft, Source
 from specli.speculate.verify import SamplingParams
@@ -314,13 +315,17 @@ class Run:
     accepted_at: list[int] = field(default_factory=list)  # accepted tokens per step
 
 
-def replay(trace: Trace, drafter: Drafter, costs: Costs, draft_max: int, clock: Clock) -> Run:
+def replay(trace: Trace, drafter: Drafter, costs: Costs, draft_max: int, clock: Clock,
+           history: History | None = None) -> Run:
     """``drafter`` emitting the trace's answer, step by step as the decoding loop runs it: told
     the prompt and the cap the answer was recorded under first (not its length), the same
     draft cap, the same observe call with the step's draft and verify cost (the cost model's
-    figures in place of timings)."""
+    figures in place of timings). ``history``: the earlier answers lookup copies from, as the
+    loop hands them (``--lookup-history``); the answer joins them at the end."""
     out = trace.out
     drafter.begin(trace.prompt, trace.max_tokens)
+    if history is not None:  # (the ports of other tools' drafters have no recall)
+        drafter.recall(history)
     context = list(trace.prompt) + [out[0]]
     i, n, run = 1, len(out), Run()
     while i < n:
@@ -340,6 +345,8 @@ def replay(trace: Trace, drafter: Drafter, costs: Costs, draft_max: int, clock: 
         run.accepted_at.append(a)
         context += emitted
         i += a + 1
+    if history is not None:
+        history.add(trace.prompt, out)
     return run
 
 

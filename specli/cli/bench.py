@@ -13,6 +13,7 @@ from specli.cli.common import (
     DraftMaxOpt,
     DraftOpt,
     GpuLayersOpt,
+    LookupHistoryOpt,
     ProfileOpt,
     TargetOpt,
     Terminated,
@@ -46,10 +47,12 @@ def bench(
     draft: DraftOpt = "auto",
     suite: str = typer.Option("code,grounded,chat,unpredictable", "--suite", "-s",
                               help="Suite names (comma-separated) or a YAML/JSONL file of prompts."),
-    modes: str = typer.Option("none,lookup,model,hybrid,mtp,mtp-lookup,eagle3,eagle3-lookup,dflash,dflash-lookup",
-                              "--modes",
+    modes: str = typer.Option("none,lookup,lookup-history,model,hybrid,mtp,mtp-lookup,eagle3,eagle3-lookup,dflash,"
+                              "dflash-lookup", "--modes",
                               help="Modes to compare, named as --draft and --stats name them: none (plain "
-                                   "decoding, the baseline), lookup, lookup-fixed, model, hybrid, model-fixed, mtp, "
+                                   "decoding, the baseline), lookup, lookup-history (lookup that also copies from "
+                                   "the answers to the suite's earlier prompts; every other mode runs without "
+                                   "history), lookup-fixed, model, hybrid, model-fixed, mtp, "
                                    "mtp-lookup, mtp-fixed, eagle3, eagle3-lookup, eagle3-fixed, dflash, "
                                    "dflash-lookup, dflash-fixed (those the models allow: model and hybrid with a "
                                    "draft model, mtp with MTP layers, the target's or an MTP-only head's, eagle3 "
@@ -57,6 +60,7 @@ def bench(
     max_tokens: int = typer.Option(128, "--max-tokens", "-n", min=1, help="Tokens per prompt."),
     repeat: int = typer.Option(1, "--repeat", min=1, help="Measured passes over the suite."),
     draft_max: DraftMaxOpt = DEFAULTS.draft_max,
+    lookup_history: LookupHistoryOpt = DEFAULTS.lookup_history,
     ctx: CtxOpt = N_CTX,
     threads: ThreadsOpt = None,
     gpu_layers: GpuLayersOpt = None,

@@ -15,7 +15,8 @@ import typer
 from specli.errors import SpecliError
 from specli.options import Options
 from specli.resolve.profiles import DEFAULT_KEYS
-from specli.speculate.settings import SpecSettings
+from specli.speculate.history import parse_bound
+from specli.speculate.settings import DEFAULTS, SpecSettings
 from specli.utf8 import decode_utf8
 
 app = typer.Typer(
@@ -120,7 +121,7 @@ def given_options(click_ctx: typer.Context) -> set[str]:
 _OPTION_FIELDS = {"target": "target", "profile": "profile", "draft": "draft", "lookup": "lookup", "ctx": "n_ctx",
                   "threads": "threads", "gpu_layers": "gpu_layers", "draft_gpu_layers": "draft_gpu_layers",
                   "vram": "vram", "parallel": "parallel"}
-_SPEC_FIELDS = ("draft_max", "draft_p_min", "adaptive")  # the SpecSettings fields they fill
+_SPEC_FIELDS = ("draft_max", "draft_p_min", "adaptive", "lookup_history")  # the SpecSettings fields they fill
 
 
 def model_options(click_ctx: typer.Context) -> Options:
@@ -129,6 +130,10 @@ def model_options(click_ctx: typer.Context) -> Options:
     not declare keeps its default), and which of them the user typed."""
     p = click_ctx.params
     spec = SpecSettings(**{k: p[k] for k in _SPEC_FIELDS if k in p})
+    try:
+        parse_bound(spec.lookup_history)  # a wrong bound fails before any model loads
+    except ValueError as e:
+        raise SpecliError(str(e)) from None
     return Options(**{f: p[k] for k, f in _OPTION_FIELDS.items() if k in p}, spec=spec,
                    given=given_options(click_ctx))
 
@@ -157,6 +162,11 @@ SeedOpt = Annotated[int | None, typer.Option("--seed", help="Random seed for sam
 DraftMaxOpt = Annotated[int, typer.Option("--draft-max", min=0, help="Most tokens drafted per step.")]
 LookupOpt = Annotated[bool, typer.Option("--lookup/--no-lookup",
                                          help="With a draft model, also copy from the context when it repeats.")]
+LOOKUP_HISTORY_HELP = ("Earlier answers prompt lookup also copies from (the same model's; on a server, each "
+                       "API key's own): a count of answers (256), a size in tokens (500k, 2M, 50000t), both "
+                       f"(256,500k: whichever is reached first; the oldest go first) or 0 (off). Default "
+                       f"{DEFAULTS.lookup_history}.")
+LookupHistoryOpt = Annotated[str, typer.Option("--lookup-history", help=LOOKUP_HISTORY_HELP, show_default=False)]
 CtxOpt = Annotated[int, typer.Option("--ctx", "-c", min=0, help="Context size in tokens (0: the model's own).")]
 ThreadsOpt = Annotated[int | None, typer.Option("--threads", "-t", min=1, help="CPU threads.")]
 GpuLayersOpt = Annotated[int | None, typer.Option("--gpu-layers", "-ngl",

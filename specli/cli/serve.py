@@ -14,6 +14,7 @@ from specli.cli.common import (
     DraftOpt,
     DraftPMinOpt,
     GpuLayersOpt,
+    LookupHistoryOpt,
     LookupOpt,
     ProfilesOpt,
     TargetsOpt,
@@ -57,8 +58,11 @@ def serve(
     draft: DraftOpt = "auto",
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (beyond loopback needs --api-key)."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on."),
-    api_key: str | None = typer.Option(None, "--api-key", envvar="SPECLI_API_KEY", show_envvar=True,
-                                          help="Require 'Authorization: Bearer KEY' on /v1 and /api requests."),
+    api_key: list[str] | None = typer.Option(None, "--api-key", envvar="SPECLI_API_KEY", show_envvar=True,
+                                             help="Require 'Authorization: Bearer KEY' on /v1 and /api requests. "
+                                                  "Repeat it (or give SPECLI_API_KEY several, space-separated) for "
+                                                  "several keys: each key's requests copy only from its own "
+                                                  "earlier answers (--lookup-history)."),
     queue: int = typer.Option(8, "--queue", min=0,
                               help="Requests that may wait behind the ones generating; more get 503."),
     parallel: int = typer.Option(1, "--parallel", min=1, max=64,
@@ -74,6 +78,7 @@ def serve(
     draft_p_min: DraftPMinOpt = DEFAULTS.draft_p_min,
     adaptive: AdaptiveOpt = True,
     lookup: LookupOpt = True,
+    lookup_history: LookupHistoryOpt = DEFAULTS.lookup_history,
     ctx: CtxOpt = N_CTX,
     threads: ThreadsOpt = None,
     gpu_layers: GpuLayersOpt = None,
@@ -111,7 +116,7 @@ def serve(
 
     if log_level not in LOG_LEVELS:
         raise SpecliError(f"--log-level must be one of {', '.join(LOG_LEVELS)}")
-    api_key = api_key or None  # an empty SPECLI_API_KEY is no key
+    api_key = [k for k in api_key or [] if k] or None  # an empty SPECLI_API_KEY is no key
     check_bind(host, port, api_key)
     opts = model_options(click_ctx)
     chosen = [*(target or []), *(profile or [])]

@@ -7,6 +7,12 @@ every mode's tokens are compared with plain decoding's (mode ``none``); where th
 report gives the position and the target's top-2 margin there. Modes are named as everywhere
 (:data:`specli.speculate.registry.MODES`); ``llama-cpp-python-lookup`` is the one comparison row
 of another tool.
+
+Every mode runs without the earlier answers lookup may copy from, but ``lookup-history``: its
+history (bounded by ``--lookup-history``) is fed its own answers, prompt after prompt, so each
+prompt drafts from the answers to the prompts it ran before in that round (a round runs the
+suite in order, from another first prompt for each mode; each round starts with an empty
+history, so no prompt ever finds its own answer there).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from specli.measure.lossless import divergence, verdict
 from specli.measure.suite import Suite
 from specli.prompt import prompt_tokens
 from specli.speculate import registry
+from specli.speculate.history import History, parse_bound
 from specli.speculate.loop import AcceptanceRates, Stats
 from specli.speculate.verify import SamplingParams
 
@@ -46,6 +53,7 @@ class ModeResult(AcceptanceRates):
     accepted: int = 0
     spec_steps: int = 0
     steps: int = 0
+    history: int = 0  # accepted tokens copied from earlier answers (lookup-history)
     t_draft: float = 0.0
     t_verify: float = 0.0
     peak_rss_mb: float = 0.0
@@ -61,6 +69,7 @@ class ModeResult(AcceptanceRates):
         self.accepted += st.accepted
         self.spec_steps += st.spec_steps
         self.steps += st.steps
+        self.history += st.history
         self.t_draft += st.t_draft
         self.t_verify += st.t_verify
 
@@ -187,6 +196,17 @@ class _BenchRun:
         self.lcp: _LlamaCppPythonLookup | None = None
         self.outputs: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
         self.live: list[str] = []  # the modes whose warm-up ran
+        self.histories: dict[str, History] = {}  # a history mode's earlier answers this round
+
+    def history(self, mode: str) -> History | None:
+        """The earlier answers ``mode`` copies from: none, but for a history mode (lookup-history)."""
+        m = self.available.get(mode)
+        if m is None or not m.history:
+            return None
+        if mode not in self.histories:
+            bound = parse_bound(self.sess.opts.spec.lookup_history)
+            self.histories[mode] = History(bound)
+        return self.histories[mode]
 
     def one(self, mode: str, sp, toks: list[int], n: int) -> tuple[list[int], Stats]:
         if mode == LCP:
@@ -195,7 +215,7 @@ class _BenchRun:
         drafter = self.sess.drafter_for(self.available[mode])  # built before its run: loaded and priced at the warm-up
         self.sess.ctx.clear()
         params = SamplingParams(sp.temperature, sp.top_k, sp.top_p, seed=1234 if sp.seed is None else sp.seed)
-        resp = self.sess.generate(toks, params, n, drafter, constraint=sp.constraint())
+        resp = self.sess.generate(toks, params, n, drafter, constraint=sp.constraint(), history=self.history(mode))
         out = [t for ch in resp for t in ch.tokens]
         return out, resp.stats
 
@@ -258,6 +278,7 @@ class _BenchRun:
     def round(self, rep: int) -> None:
         """The measured runs, interleaved: in each round every mode runs a different prompt, so
         slow drifts of the machine hit every mode alike."""
+        self.histories.clear()  # no prompt finds its own answer (nor the warm-up's) in history
         for sp_i, mode in schedule(self.live, len(self.prompts)):
             sp, toks = self.prompts[sp_i]
             if self.results[mode].error:  # a comparison mode that failed on an earlier prompt: its row says why

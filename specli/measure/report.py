@@ -8,8 +8,8 @@ from rich.table import Table
 
 from specli.measure.bench import BenchReport
 
-COLUMNS = ("mode", "tok/s", "speedup", "drafted", "accepted", "accept %", "mean acc.", "draft time", "peak RSS",
-           "same text")
+COLUMNS = ("mode", "tok/s", "speedup", "drafted", "accepted", "history", "accept %", "mean acc.", "draft time",
+           "peak RSS", "same text")
 
 
 def _rows(rep: BenchReport):
@@ -22,7 +22,8 @@ def _rows(rep: BenchReport):
             n_same = sum(v == "identical" for v in r.lossless.values())
             same = f"{n_same}/{len(r.lossless)}"
         yield (m, f"{r.tokens_per_s:.1f}", "—" if r.speedup is None else f"{r.speedup:.2f}×", str(r.drafted),
-               str(r.accepted), f"{100 * r.acceptance:.0f}%" if r.drafted else "—",
+               str(r.accepted), str(r.history) if r.history else "—",
+               f"{100 * r.acceptance:.0f}%" if r.drafted else "—",
                f"{r.mean_accepted:.2f}" if r.spec_steps else "—", f"{100 * r.draft_share:.0f}%",
                f"{r.peak_rss_mb:.0f} MB", same)
 

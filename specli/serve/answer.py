@@ -67,7 +67,9 @@ class Shape(Protocol):
 async def answer(request: Request, worker: Worker, job: Job, shape: Shape, stream: bool,
                  fmt: Format | None = None):
     """Queue ``job`` on ``worker`` and answer, whole or streamed, as ``shape`` writes it; with
-    ``fmt`` (tools offered) the text is parsed for the model's tool calls."""
+    ``fmt`` (tools offered) the text is parsed for the model's tool calls. The job's owner is
+    the request's API key (when the server has keys): whose earlier answers it copies from."""
+    job.owner = getattr(request.state, "owner", None)
     submit(worker, job)
     evs = events(job, request)
     if stream:

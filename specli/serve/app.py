@@ -24,14 +24,17 @@ from specli.serve.worker import Worker, make_worker
 from specli.session import Session
 
 
-def create_app(session: Session | None = None, name: str | None = None, api_key: str | None = None,
+def create_app(session: Session | None = None, name: str | None = None, api_key: str | list[str] | None = None,
                queue: int = 8, temperature: float | None = None, worker: Worker | None = None,
                models: Models | None = None) -> FastAPI:
     """The API over ``session`` (the caller closes it), or over every model of ``models``
     (loaded on demand; the app unloads them when it stops): OpenAI's under /v1, Ollama's under
     /api. ``temperature`` is what a request that gives none gets (None: each API's own
     default, OpenAI's 1 and Ollama's 0.8). ``worker``: the one that generates on ``session``
-    (default :func:`~specli.serve.worker.make_worker`'s, ``queue`` places deep)."""
+    (default :func:`~specli.serve.worker.make_worker`'s, ``queue`` places deep). ``api_key``:
+    the key, or keys, a request must bear; each key's requests are their own owner of the
+    earlier answers lookup copies from (:meth:`Session.history`), so that no response's timing
+    depends on another key's texts."""
     d: Directory
     if models is not None:
         d = models
@@ -47,12 +50,18 @@ def create_app(session: Session | None = None, name: str | None = None, api_key:
         yield
         await run_in_threadpool(d.stop)
 
+    keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
+
     def authorized(request: Request) -> None:
-        if api_key is None:
+        request.state.owner = None
+        if not keys:
             return
-        auth = request.headers.get("authorization", "")
-        if not hmac.compare_digest(auth.encode(), f"Bearer {api_key}".encode()):
+        auth = request.headers.get("authorization", "").encode()
+        # every key compared, in constant time each: which key matched takes no longer to find
+        match = [hmac.compare_digest(auth, f"Bearer {k}".encode()) for k in keys]
+        if not any(match):
             raise APIError(401, "missing or wrong API key (Authorization: Bearer KEY)", code="invalid_api_key")
+        request.state.owner = f"key{match.index(True) + 1}"
 
     app = FastAPI(title="specli", lifespan=lifespan)
     app.state.models = d

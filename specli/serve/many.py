@@ -26,8 +26,8 @@ def keep_alive_flag(text: str) -> float | None:
         raise SpecliError(f"--keep-alive: not a duration: {text!r} (e.g. 5m, 1h, 300, 0, -1)") from None
 
 
-def serve_many(base: Options, chosen: list[str] | None, *, host: str, port: int, api_key: str | None, queue: int,
-               temperature: float | None, keep_alive: str, max_loaded: int | None, log_level: str,
+def serve_many(base: Options, chosen: list[str] | None, *, host: str, port: int, api_key: str | list[str] | None,
+               queue: int, temperature: float | None, keep_alive: str, max_loaded: int | None, log_level: str,
                say: Callable[[str], None]) -> None:
     if base.draft != "auto":
         raise SpecliError("--draft: serving several models, each drafts with what --draft auto finds for it; "

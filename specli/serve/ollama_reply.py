@@ -60,7 +60,7 @@ class Reply:
             "total_duration": time.perf_counter_ns() - self.t0, "load_duration": _ns(self.load_duration),
             "prompt_eval_count": n_prompt, "prompt_eval_duration": _ns(st.t_prefill),
             "eval_count": st.generated, "eval_duration": _ns(st.t_generate),
-            "specli": {"mode": st.mode, "drafted": st.drafted, "accepted": st.accepted,
+            "specli": {"mode": st.mode, "drafted": st.drafted, "accepted": st.accepted, "history": st.history,
                        "prompt_tokens_cached": st.prompt_tokens_cached}}
 
 

@@ -25,7 +25,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_bind(host: str, port: int, api_key: str | None) -> None:
+def check_bind(host: str, port: int, api_key: str | list[str] | None) -> None:
     """Refuse, before any model loads, to listen beyond this machine without an API key, or
     on an address that is taken."""
     if not is_loopback(host) and not api_key:

@@ -277,7 +277,7 @@ def usage(st: Stats, n_prompt: int) -> dict:
         "completion_tokens": st.generated,
         "total_tokens": n_prompt + st.generated,
         "prompt_tokens_details": {"cached_tokens": st.prompt_tokens_cached},
-        "speculative": {"mode": st.mode, "drafted": st.drafted, "accepted": st.accepted,
+        "speculative": {"mode": st.mode, "drafted": st.drafted, "accepted": st.accepted, "history": st.history,
                         "acceptance": st.acceptance, "mean_accepted": st.mean_accepted,
                         "tokens_per_s": st.tokens_per_s},
     }

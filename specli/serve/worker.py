@@ -69,6 +69,7 @@ class Job:
     stop: list[str] = field(default_factory=list)
     constraint: Constraint | None = None  # the output must match it (a schema, a grammar, tool calls)
     logprobs: int | None = None  # the target's log-probabilities of each token, and this many alternatives
+    owner: str | None = None  # whose earlier answers lookup copies from and this one joins (an API key's, or None)
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
     cancel_requested: threading.Event = field(default_factory=threading.Event)
@@ -226,7 +227,7 @@ class Worker:
     def _start(self, job: Job) -> Response:
         # whole batches of a cached prompt only: a repeated prompt is answered as a fresh run is
         return self.session.generate(job.prompt, job.params, job.max_tokens, exact_prefill=True,
-                                     constraint=job.constraint, logprobs=job.logprobs)
+                                     constraint=job.constraint, logprobs=job.logprobs, owner=job.owner)
 
     def _go_on(self, job: Job, n: int) -> bool:
         """After the job's ``n``-th chunk was handed on: whether to generate the next (not
@@ -324,7 +325,7 @@ class ParallelWorker(Worker):
         chunks = itertools.count(1)
         slot.ctx.interrupt = lambda: not self._prompt_go_on(job, next(chunks))
         return self.batch.generate(slot, job.prompt, job.params, job.max_tokens, exact_prefill=True,
-                                   constraint=job.constraint, logprobs=job.logprobs)
+                                   constraint=job.constraint, logprobs=job.logprobs, owner=job.owner)
 
     def _prompt_go_on(self, job: Job, n: int) -> bool:
         """After the ``n``-th chunk of the job's prompt went in, more to follow: whether to

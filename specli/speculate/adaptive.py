@@ -13,7 +13,7 @@ from specli.speculate.controller import (
     CostModel,
     marginal_token_pays,
 )
-from specli.speculate.drafters import LookupDrafter, PaidDrafter
+from specli.speculate.drafters import LookupDrafter, PaidDrafter, matched
 from specli.speculate.settings import SpecSettings
 from specli.speculate.source import FORCED, LOOKUP, MODEL, Draft, Source
 from specli.tokens import common_prefix
@@ -67,7 +67,10 @@ class AdaptiveDrafter(Drafter, CopiesContext, ForcedByGrammar, Batchable):
     lookup's copy then finishes the draft for free. Lookup is scored on its whole proposal against what the target
     emitted, also on steps it did not draft or drafted only part of (shadow accounting), so it is
     picked up again as soon as the text starts to repeat, and short drafts that all pass
-    still teach how far a copy goes on.
+    still teach how far a copy goes on. A copy from an earlier answer (``--lookup-history``,
+    where it matches the context's end longer than the context does) is a source of its own,
+    scored the same way: the step drafts the copy, of the two, whose learned acceptance
+    promises more.
 
     Its ``name`` is the mode's, which the registry gives it (``adaptive`` until then).
     """
@@ -85,7 +88,7 @@ class AdaptiveDrafter(Drafter, CopiesContext, ForcedByGrammar, Batchable):
         self.msource: Source = model.source if model is not None else MODEL
         self.bins = [Acceptance(first=min(e, 1.0), rest=min(e, 1.0)) for e in CONFIDENCE_BINS]
         self._model_drafted = False  # has the controller chosen the model yet (probes aside)
-        self._pending: tuple[Source, list[int]] | None = None  # lookup's proposal
+        self._pending: list[tuple[Source, list[int]]] = []  # lookup's proposals (the context's, history's)
         self._end: int | None = None  # the context length at which the answer must end
         self.last = None  # the last Decision, for tests and stats
 
@@ -102,11 +105,24 @@ class AdaptiveDrafter(Drafter, CopiesContext, ForcedByGrammar, Batchable):
         if self.model is not None:
             self.model.sampling(sampler)
 
+    def recall(self, history) -> None:
+        if self.lookup is not None:
+            self.lookup.recall(history)
+
     def lookup_proposal(self, context: Sequence[int], max_len: int) -> Draft:
-        """Prompt lookup's proposal for this step (none without lookup). Drafted or not, it is
-        scored against the tokens the target emits (:meth:`observe`)."""
-        d = self.lookup.propose(context, max_len) if self.lookup is not None else Draft([])
-        self._pending = (d.source, d.tokens) if d.tokens else None
+        """Prompt lookup's proposal for this step (none without lookup): its copy from the
+        context, or from an earlier answer that matches longer, whichever promises more at
+        the acceptance its source has earned. Drafted or not, both are scored against the
+        tokens the target emits (:meth:`observe`)."""
+        if self.lookup is None:
+            self._pending = []
+            return Draft([])
+        d = self.lookup.copy(context, max_len)
+        h = self.lookup.recalled(context, max_len, matched(d))
+        self._pending = [(x.source, x.tokens) for x in (d, h) if x.tokens]
+        if h.tokens and (not d.tokens or self.ctl.worth(h.source, self.trusted(h), max_len)
+                         > self.ctl.worth(d.source, self.trusted(d), max_len)):
+            return h
         return d
 
     @staticmethod
@@ -140,7 +156,7 @@ class AdaptiveDrafter(Drafter, CopiesContext, ForcedByGrammar, Batchable):
             self._model_drafted = True
         if dec.k == 0:
             return Draft([])
-        if dec.source.kind == "lookup":
+        if dec.source.copy:
             return Draft(look[:dec.k], dec.source, d.confidence[:dec.k])
         if dec.probe:
             return self.model.propose(context, dec.k, p_min=0.0)
@@ -239,11 +255,10 @@ class AdaptiveDrafter(Drafter, CopiesContext, ForcedByGrammar, Batchable):
                 self.bins[confidence_bin(c)].observe(1, 1 if i < n_accepted else 0)
             if own:
                 ctl.observe(self.msource, own, min(n_accepted, own))
-        if self._pending:  # lookup is scored on its whole proposal, drafted or not
-            key, look = self._pending
+        for key, look in self._pending:  # lookup is scored on its whole proposals, drafted or not
             agree = common_prefix(look, emitted)
             ctl.observe(key, min(len(look), agree + 1, len(emitted)), agree)
-            self._pending = None
+        self._pending = []
 
 
 def lookup_drafter(s: SpecSettings) -> LookupDrafter:

@@ -1,8 +1,9 @@
 """The drafter contract, declared once.
 
 :class:`Drafter` is what the verify loop (:func:`specli.speculate.loop.generate`) drives: before
-an answer ``begin`` (its prompt and token cap), ``constrain`` (its grammar state, or None) and
-``sampling`` (its sampler); each step ``propose(context, max_len) -> Draft`` (always a
+an answer ``begin`` (its prompt and token cap), ``constrain`` (its grammar state, or None),
+``sampling`` (its sampler) and ``recall`` (the earlier answers lookup may copy from, or None);
+each step ``propose(context, max_len) -> Draft`` (always a
 :class:`~specli.speculate.source.Draft`) and ``observe`` (what the target kept); ``repair``
 after an interrupted answer, ``close`` at the end. ``plain_rate`` says what plain decoding
 measured, for a drafter that measures it.
@@ -64,6 +65,11 @@ class Drafter(Protocol):
         drafts with its noise, so its tokens are the target's own samples wherever the two
         models agree."""
         self.sampler = sampler
+
+    def recall(self, history) -> None:
+        """Before an answer: the earlier answers prompt lookup may copy from (a
+        :class:`specli.speculate.history.History`), or None. A drafter that does not copy
+        ignores them; one that wraps another hands them on."""
 
     def propose(self, context: Sequence[int], max_len: int) -> Draft:
         """Up to ``max_len`` tokens to follow ``context`` (every token so far)."""

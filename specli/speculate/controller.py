@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from specli.speculate.settings import DEFAULTS
-from specli.speculate.source import AMBIGUOUS, LOOKUP, NONE, RESYNC, Source
+from specli.speculate.source import AMBIGUOUS, LOOKUP, NONE, RESYNC, Source, history_key
 
 # a drafter that is off is probed as if its drafts were this good (were they, would it pay?)
 GOOD_DRAFTS = 0.95
@@ -237,13 +237,23 @@ class Controller:
         self.probing = False
         self.done = [0.0, 0.0]  # recent tokens and seconds, decayed: the rate achieved lately
         self.copies = prior(LOOKUP)  # how often a copy that started right goes on (all lookup buckets)
+        self.recalls = prior(history_key(0))  # the same for copies from earlier answers (all history buckets)
 
     def acceptance(self, source: Source) -> Acceptance:
         if source not in self.sources:
             a = prior(source)
             # every match bucket's continuation rate starts from (and teaches) the one of all copies
-            self.sources[source] = replace(a, rest_from=self.copies) if source.kind == "lookup" else a
+            # of its kind: of the context (lookup), or of earlier answers (history)
+            shared = {"lookup": self.copies, "history": self.recalls}.get(source.kind)
+            self.sources[source] = replace(a, rest_from=shared) if shared is not None else a
         return self.sources[source]
+
+    def worth(self, source: Source, avail: int, k_cap: int | None = None) -> float:
+        """The tokens/s a free copy from ``source`` of up to ``avail`` tokens promises this
+        step at its learned acceptance (plain decoding's rate when no length pays)."""
+        a = self.acceptance(source)
+        k_lim = self.k_max if k_cap is None else min(self.k_max, k_cap)
+        return best_length(a.alpha_rest, self.cost.verify, 0.0, min(k_lim, avail), 0.0, a.cautious_first())[1]
 
     def batch_ratio(self, n: int) -> float:
         """A pass over n tokens over a pass over one, by the target's verify curve (a draft
@@ -277,7 +287,7 @@ class Controller:
         p_behind = behind if probe_behind is None else probe_behind
         for src, avail in candidates.items():
             a = self.acceptance(src)
-            first = a.cautious_first() if src.kind == "lookup" else a.alpha_first
+            first = a.cautious_first() if src.copy else a.alpha_first
             dt, ds = self.draft_costs(src, behind)
             if p_behind > behind:  # a first draft catches up on the prompt: an outlay for the drafts to come
                 ds += (self.draft_costs(src, p_behind)[1] - ds) / AMORTISE

@@ -23,7 +23,7 @@ from specli.hardware import calibrate
 from specli.speculate.contract import Drafter, KeepGoing, PricedPerPass
 from specli.speculate.lookup import NgramIndex, Substitutions
 from specli.speculate.settings import DEFAULTS
-from specli.speculate.source import LOOKUP, MODEL, RESYNC, Draft, Source, lookup_key
+from specli.speculate.source import LOOKUP, MODEL, RESYNC, Draft, Source, history_key, lookup_key
 from specli.tokens import common_prefix
 
 
@@ -129,9 +129,14 @@ class LookupDrafter(Drafter):
     ``RESYNC_WINDOW`` source tokens from the cursor on, the answer has come back to the source
     past an edit (a word inserted, replaced or dropped) and the copy goes on from there. A
     2-token match could not see it yet: the token before is the edit. How often such copies
-    start right: research/README.md, "Figures behind lookup's buckets"."""
+    start right: research/README.md, "Figures behind lookup's buckets".
+
+    With a :class:`~specli.speculate.history.History` of earlier answers (:meth:`recall`), it
+    also copies from them where they match the context's end longer than the context itself
+    does (:meth:`recalled`): a draft of source ``history``, learned apart per match length."""
 
     name = "lookup"
+    history = None  # earlier answers to copy from (a History), set for each answer by recall
     MATCH_CAP = 32
     RESYNC_HELD = 4
     RESYNC_WINDOW = 8
@@ -153,7 +158,29 @@ class LookupDrafter(Drafter):
         self.held = 0  # how long that copy had matched when the context left it
         self._copying: tuple[int, int, int] | None = None  # the last copy: (context length, source position, match)
 
+    def recall(self, history) -> None:
+        self.history = history
+
     def propose(self, context: Sequence[int], max_len: int) -> Draft:
+        """The copy from the context, or from an earlier answer where one matches longer."""
+        d = self.copy(context, max_len)
+        h = self.recalled(context, max_len, matched(d))
+        return h if h.tokens else d
+
+    def recalled(self, context: Sequence[int], max_len: int, longer_than: int = 0) -> Draft:
+        """The copy from the earlier answers (none without a history): the continuation most
+        of the answers that match the context's end furthest back took, when the match is at
+        least ``min_match`` tokens long and longer than ``longer_than``. Its confidence is the
+        match length; its source, :func:`history_key`."""
+        if self.history is None or max_len <= 0:
+            return Draft([], history_key(0))
+        toks, n = self.history.find(context[-self.MATCH_CAP:], max_len)
+        if n < self.min_match or n <= longer_than:
+            return Draft([], history_key(0))
+        return Draft(toks, history_key(n), [float(n)] * len(toks))
+
+    def copy(self, context: Sequence[int], max_len: int) -> Draft:
+        """The copy from the context (the class's docstring)."""
         idx = self.index
         if len(idx.tokens) > len(context) or idx.tokens != list(context[:len(idx.tokens)]):
             self._forget()
@@ -212,6 +239,11 @@ class LookupDrafter(Drafter):
         if n < min_match or max_len <= 0:
             return Draft([], LOOKUP)
         return self._match_draft(toks, n)
+
+
+def matched(d: Draft) -> int:
+    """How long the match a copy was drafted from is (its confidence); 0 for no draft."""
+    return int(d.confidence[0]) if d.tokens and d.confidence else 0
 
 
 class ModelDrafter(PaidDrafter):

@@ -48,6 +48,9 @@ class ForcedDrafter(Drafter):
     def sampling(self, sampler) -> None:
         self.inner.sampling(sampler)
 
+    def recall(self, history) -> None:
+        self.inner.recall(history)
+
     def _forced(self, g: Guide, max_len: int) -> list[int]:
         """The forced tokens worth drafting now (as the inner drafter prices them)."""
         forced = g.forced(max_len)

@@ -19,6 +19,7 @@ from specli.constrain import Constraint, Guide
 from specli.engine import Context, Model
 from specli.errors import PromptTooLong, SpecliError
 from specli.speculate.contract import Drafter
+from specli.speculate.history import History
 from specli.speculate.settings import DEFAULTS
 from specli.speculate.source import Draft, Source
 from specli.speculate.verify import Sampler, SamplingParams, accept
@@ -78,6 +79,7 @@ class Stats(AcceptanceRates):
     t_verify: float = 0.0
     t_generate: float = 0.0  # wall time from the first to the last generated token
     stop: str = ""  # the finish reason
+    history: int = 0  # accepted tokens that were copied from earlier answers (--lookup-history)
     accepted_by_source: dict = field(default_factory=dict)
     drafted_by_source: dict = field(default_factory=dict)
 
@@ -98,6 +100,8 @@ class Stats(AcceptanceRates):
             self.spec_steps += 1
             self.drafted += n_drafted
             self.accepted += n_accepted
+            if source.kind == "history":
+                self.history += n_accepted
             key = str(source)
             self.drafted_by_source[key] = self.drafted_by_source.get(key, 0) + n_drafted
             self.accepted_by_source[key] = self.accepted_by_source.get(key, 0) + n_accepted
@@ -112,7 +116,8 @@ class Stats(AcceptanceRates):
         s = (f"{self.generated} tokens, {self.tokens_per_s:.1f} tok/s | mode {self.mode}"
              f" | prompt {self.prompt_tokens} tok in {self.t_prefill:.2f}s")
         if self.mode != "none":
-            s += (f" | drafted {self.drafted}, accepted {self.accepted} ({100 * self.acceptance:.0f}%),"
+            s += (f" | drafted {self.drafted}, accepted {self.accepted} ({100 * self.acceptance:.0f}%"
+                  + (f"; {self.history} from history" if self.history else "") + "),"
                   f" mean accepted {self.mean_accepted:.2f}/step over {self.spec_steps} steps,"
                   f" {self.plain_steps} plain steps | draft {self.t_draft:.2f}s, verify {self.t_verify:.2f}s")
         return s + f" | finish: {self.stop}"
@@ -169,6 +174,15 @@ def cut_at_eog(model: Model, tokens: list[int], flags: list[bool]) -> tuple[list
     return tokens, flags, False
 
 
+def answer_tokens(model: Model, tokens: list[int]) -> list[int]:
+    """An answer's tokens as history keeps them: up to its end-of-generation token, included
+    (a copy from history may then draft an answer's end too)."""
+    for i, t in enumerate(tokens):
+        if model.is_eog(t):
+            return tokens[:i + 1]
+    return tokens
+
+
 def token_logprobs(model: Model, rows: Sequence[np.ndarray], tokens: Sequence[int], n_top: int) -> list[TokenLogprob]:
     """``tokens[i]``'s log-probability under ``rows[i]`` (the target's logits where it was
     emitted), with the ``n_top`` most likely tokens of each row."""
@@ -190,7 +204,8 @@ def _text(model: Model, tok: int) -> str:
 
 def generate(target: Context, prompt: Sequence[int], drafter: Drafter, params: SamplingParams,
              max_tokens: int = 256, draft_max: int = DEFAULTS.draft_max, exact_prefill: bool = False,
-             constraint: Constraint | None = None, logprobs: int | None = None) -> Response:
+             constraint: Constraint | None = None, logprobs: int | None = None,
+             history: History | None = None) -> Response:
     """Generate up to ``max_tokens`` after ``prompt``, speculating with ``drafter``.
 
     The target's cache is reused for the longest common prefix with what it already holds
@@ -203,6 +218,9 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter, params: S
     masked by the grammar at every position, drafts are cut where the grammar refuses them,
     and the answer ends ("stop") when the grammar is complete. ``logprobs``: give each chunk
     the target's log-probability of its tokens and that many alternatives (0: none).
+    ``history``: earlier answers prompt lookup may copy from; the answer joins them when it
+    ends (stopped, at its length or at the context's end: an answer interrupted by its
+    caller does not).
     """
     prompt = list(prompt)
     if not prompt:
@@ -211,8 +229,8 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter, params: S
     st = Stats(mode=drafter.name)
     align = target.n_batch if exact_prefill else 1
     guide = constraint.guide(target.model) if constraint is not None else None
-    return Response(_decode(target, prompt, drafter, params, max_tokens, draft_max, st, align, guide, logprobs),
-                    st)
+    return Response(_decode(target, prompt, drafter, params, max_tokens, draft_max, st, align, guide, logprobs,
+                            history), st)
 
 
 def _propose(drafter: Drafter, context: list[int], k_max: int, guide: Guide | None) -> tuple[Draft, list[int]]:
@@ -229,7 +247,7 @@ def _propose(drafter: Drafter, context: list[int], k_max: int, guide: Guide | No
 
 def _decode(target: Context, prompt: list[int], drafter: Drafter, params: SamplingParams,
             max_tokens: int, draft_max: int, st: Stats, align: int, guide: Guide | None,
-            n_logprobs: int | None = None) -> Iterator[Chunk]:
+            n_logprobs: int | None = None, history: History | None = None) -> Iterator[Chunk]:
     model = target.model
     sampler = Sampler(params)
     detok = _Detok(model.piece)
@@ -237,6 +255,7 @@ def _decode(target: Context, prompt: list[int], drafter: Drafter, params: Sampli
     drafter.begin(prompt, max_tokens)
     drafter.constrain(guide)
     drafter.sampling(sampler)
+    drafter.recall(history)
     kept = target.sync(prompt, align)
     st.prompt_tokens, st.prompt_tokens_cached = len(prompt), kept
     rows = target.eval(prompt[kept:])
@@ -295,6 +314,8 @@ def _decode(target: Context, prompt: list[int], drafter: Drafter, params: Sampli
         raise
     finally:
         st.t_generate += time.perf_counter() - t1
+    if history is not None:
+        history.add(prompt, answer_tokens(model, context[len(prompt):]))
     tail = detok.flush()
     if tail:
         yield Chunk(tail, [], [], None if n_logprobs is None else [])

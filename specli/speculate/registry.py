@@ -60,10 +60,16 @@ class DraftMode:
     # a draft model derived from the target names its modes (early-exit:E, layer-skip:SET):
     # LABEL, LABEL+lookup (hybrid), LABEL-fixed
     label: str = ""
+    # bench's ``lookup-history``: lookup fed the answers to the suite's earlier prompts, where
+    # every other mode runs without history (run, chat and serve consult --lookup-history in
+    # every mode that copies: the history is the generation's, not the drafter's)
+    history: bool = False
 
     @property
     def base(self) -> str:
         """The mode's name in :data:`MODES` (``model``, ``hybrid``, ``model-fixed`` for a derived draft)."""
+        if self.history:
+            return f"{self.kind.value}-history"
         fixed = not self.adaptive and self.kind.entry.fixed is self.kind and self.kind is not DraftKind.NONE
         return f"{self.kind.value}-fixed" if fixed else self.kind.value
 
@@ -148,10 +154,13 @@ REGISTRY: dict[DraftKind, Entry] = {
 
 def _every_mode() -> list[DraftMode]:
     """Each kind's adaptive mode and each fixed one, grouped by what drafts under --fixed
-    (lookup, lookup-fixed, model, hybrid, model-fixed, ...): the order reports list them in."""
+    (lookup, lookup-history, lookup-fixed, model, hybrid, model-fixed, ...): the order reports
+    list them in."""
     kinds = list(DraftKind)
     modes = [DraftMode(k, a) for k in kinds for a in (True, False)
              if (k.entry.adaptive if a else k.entry.fixed is k)]
+    at = modes.index(DraftMode(DraftKind.LOOKUP)) + 1
+    modes.insert(at, DraftMode(DraftKind.LOOKUP, history=True))  # lookup-history, beside lookup
     return sorted(modes, key=lambda m: (kinds.index(m.kind.entry.fixed or m.kind), not m.adaptive))
 
 

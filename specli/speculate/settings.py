@@ -16,6 +16,9 @@ class SpecSettings:
     adaptive: bool = True  # cost-aware controller; False: always draft up to draft_max
     lookup_ngram: tuple[int, int] = (1, 8)  # n-gram sizes prompt lookup matches
     lookup_min_match: int = 2  # shortest match lookup drafts from
+    # earlier answers lookup also copies from (specli.speculate.history.parse_bound): at most 256
+    # answers and 100k tokens (about 30 MB), the oldest evicted first; "0": none
+    lookup_history: str = "256,100k"
 
 
 DEFAULTS = SpecSettings()

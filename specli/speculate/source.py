@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class Source:
-    """Which drafter made a draft: ``kind`` is "none", "lookup", "model", "mtp" or "forced"
-    (tokens a constraint's grammar forces, :mod:`specli.constrain`); lookup's
-    acceptance is learned per ``bucket`` of its match (see :func:`lookup_key`)."""
+    """Which drafter made a draft: ``kind`` is "none", "lookup", "history" (lookup's copy
+    from an earlier answer, :mod:`specli.speculate.history`), "model", "mtp" or "forced"
+    (tokens a constraint's grammar forces, :mod:`specli.constrain`); lookup's and history's
+    acceptance is learned per ``bucket`` of the match (see :func:`lookup_key`)."""
 
     kind: str
     bucket: int = 0
@@ -19,7 +20,12 @@ class Source:
     @property
     def free(self) -> bool:
         """Drafting costs (almost) nothing: no model runs."""
-        return self.kind in ("none", "lookup", "forced")
+        return self.kind in ("none", "lookup", "history", "forced")
+
+    @property
+    def copy(self) -> bool:
+        """A copy of earlier text (from the context or an earlier answer), priced per match."""
+        return self.kind in ("lookup", "history")
 
     def __str__(self) -> str:
         return f"{self.kind}:{BUCKET_NAMES.get(self.bucket, self.bucket)}" if self.bucket else self.kind
@@ -45,6 +51,13 @@ def lookup_key(match_len: int, ambiguous: bool = False) -> Source:
     if ambiguous:
         return Source("lookup", AMBIGUOUS)
     return Source("lookup", max((e for e in LOOKUP_BUCKETS if match_len >= e), default=0))
+
+
+def history_key(match_len: int) -> Source:
+    """A copy from an earlier answer (``--lookup-history``) is learned apart from lookup's
+    copies of the context, in the same match-length buckets: whether such a copy goes on
+    depends on how alike the answers are, not on how much the answer quotes its prompt."""
+    return Source("history", max((e for e in LOOKUP_BUCKETS if match_len >= e), default=0))
 
 
 @dataclass

@@ -62,6 +62,9 @@ class BatchDrafter(Drafter, CopiesContext, ForcedByGrammar):
     def sampling(self, sampler) -> None:
         self.inner.sampling(sampler)
 
+    def recall(self, history) -> None:
+        self.inner.recall(history)
+
     # -- prices --------------------------------------------------------------------------
     def lookup_estimate(self, look: Draft | None, max_len: int) -> Estimate:
         """Lookup's proposal this step, free to draft, at the acceptance its match's bucket has

@@ -199,11 +199,13 @@ class Batch:
     # -- generation ----------------------------------------------------------------------
     def generate(self, slot: Slot, prompt: Sequence[int], params: SamplingParams, max_tokens: int,
                  exact_prefill: bool = False, constraint: Constraint | None = None,
-                 logprobs: int | None = None) -> Response:
-        """:func:`loop.generate` on the slot (iterate it on a member thread)."""
+                 logprobs: int | None = None, history=True, owner: str | None = None) -> Response:
+        """:func:`loop.generate` on the slot (iterate it on a member thread); ``history`` and
+        ``owner``: the earlier answers lookup copies from (:meth:`Session.history`: the
+        session's, shared by every slot)."""
         d = forced.under(slot.drafter, constraint)
         return generate(slot.ctx, prompt, d, params, max_tokens, self.draft_max, exact_prefill, constraint,
-                        logprobs)
+                        logprobs, self.session.history(history, owner))
 
     def stats(self) -> dict:
         out = {"slots": len(self.slots), "busy": self.busy, **self.batcher.stats()}
