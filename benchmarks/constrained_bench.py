@@ -5,7 +5,8 @@ JSON schema) is answered under its schema by each mode, the modes interleaved (e
 runs every prompt once in every mode, in a rotating order), so a busy neighbour slows them
 alike:
 
-- ``plain``: constrained greedy decoding, no drafting (the baseline);
+- ``plain``: constrained greedy decoding, no drafting (the baseline; like every mode, it asks
+  for no logits where the grammar allows one token only);
 - ``forced``: the tokens the grammar forces drafted for free, nothing else;
 - ``lookup+forced``: forced tokens and prompt lookup, no draft model;
 - ``hybrid+forced``: specli's default drafters (prompt lookup + the draft model) with forced
@@ -68,12 +69,13 @@ def drafter(sess: Session, mode: str):
 
 def run_specli(sess: Session, mode: str, toks: list[int], schema: dict, n: int) -> dict:
     sess.ctx.clear()
+    asked = sess.ctx.rows_with_logits
     resp = sess.generate(toks, SamplingParams(), n, drafter(sess, mode), constraint=Constraint.json_schema(schema))
     out = [t for ch in resp for t in ch.tokens]
     st = resp.stats
     return {"tokens": out, "n": st.generated, "s": st.t_generate, "drafted": st.drafted, "accepted": st.accepted,
             "steps": st.steps, "by_source": st.accepted_by_source, "drafted_by_source": st.drafted_by_source,
-            "stop": st.stop}
+            "stop": st.stop, "rows": 1 + st.steps + st.drafted, "logit_rows": sess.ctx.rows_with_logits - asked}
 
 
 class LlamaServers:
@@ -185,7 +187,9 @@ def _summary(results: dict) -> tuple[dict, dict]:
         n, s = sum(x["n"] for x in runs), sum(x["s"] for x in runs)
         summary[m] = {"tokens": n, "seconds": s, "tokens_per_s": n / s if s else 0.0,
                       "drafted": sum(x.get("drafted", 0) for x in runs),
-                      "accepted": sum(x.get("accepted", 0) for x in runs)}
+                      "accepted": sum(x.get("accepted", 0) for x in runs),
+                      "rows": sum(x.get("rows", 0) for x in runs),
+                      "logit_rows": sum(x.get("logit_rows", 0) for x in runs)}
     base = summary["plain"]["tokens_per_s"]
     for m in results:
         summary[m]["vs_plain"] = summary[m]["tokens_per_s"] / base if base else 0.0
@@ -242,11 +246,12 @@ def render(rep: dict, prompts: list[dict]) -> str:
              + (f" with draft {os.path.basename(rep['draft'])}" if rep["draft"] else "")
              + f", {rep['threads']} threads, {len(prompts)} prompts x {rep['repeat']} rounds, greedy, "
              f"up to {rep['max_tokens']} tokens, modes interleaved.", "", f"    {rep['command']}", "",
-             "| mode | tokens | tok/s | vs plain | drafted | accepted |", "|---|---|---|---|---|---|"]
+             "| mode | tokens | tok/s | vs plain | drafted | accepted | rows with logits / verified |",
+             "|---|---|---|---|---|---|---|"]
     for m in modes:
         s = rep["summary"][m]
         lines.append(f"| {m} | {s['tokens']} | {s['tokens_per_s']:.2f} | {s['vs_plain']:.2f}x | {s['drafted']} "
-                     f"| {s['accepted']} |")
+                     f"| {s['accepted']} | {s['logit_rows']} / {s['rows']} |")
     lines += ["", "Per prompt, tokens/s over plain's (and the text check):", "",
               "| prompt | " + " | ".join(modes[1:]) + " |", "|---" * len(modes) + "|"]
     for p in prompts:

@@ -101,7 +101,7 @@ def pairs_cmd(target: str | None = typer.Argument(None, help="Only this target (
     EAGLE-3, DFlash): what each is and whether it fits this target (hidden size, the target
     layers it reads, its mask token or draft vocabulary). The pairs you can run now without
     downloading anything."""
-    from specli.hardware import advice, calibrate
+    from specli.hardware import advice, calibrate, draft_offer
     from specli.resolve import local, models, on_disk
     from specli.resolve.gguf_header import read_gguf
 
@@ -123,7 +123,8 @@ def pairs_cmd(target: str | None = typer.Argument(None, help="Only this target (
                            "mtp_usable": s.mtp_usable,
                            "drafts": [{"store": p.draft.found.store, "name": p.draft.found.name,
                                        "ref": p.draft.found.ref, "path": p.draft.path, "ratio": round(p.ratio, 2),
-                                       "same_family": p.same_family, "auto": i == 0 and local.auto_pick(p)}
+                                       "same_family": p.same_family, "auto": i == 0 and local.auto_pick(p),
+                                       "convert": _convert_json(path, p.draft.path, table)}
                                       for i, p in enumerate(d)],
                            "heads": [{"store": f.head.found.store, "name": f.head.found.name, "ref": f.head.found.ref,
                                       "path": f.head.path, "kind": f.kind,
@@ -138,6 +139,18 @@ def pairs_cmd(target: str | None = typer.Argument(None, help="Only this target (
         _console().print(f"{escape_markup(name)}: " + (advice.NOT_MEASURED if c["verify_curve"] is None else
                          f"verify 4 tokens {c['verify_4']:.1f}×, 8 tokens {c['verify_8']:.1f}× one token (predicted); "
                          f"speculation's ceiling {c['ceiling']:.2f}× plain"), soft_wrap=True)
+    for _, _, path, _, d, _ in groups:  # the auto-picked draft in a quant that drafts cheaper here
+        offer = draft_offer.offer_line(d[0].draft.path, draft_offer.pair_cost(path, d[0].draft.path, table)) \
+            if d and local.auto_pick(d[0]) and path else None
+        if offer:
+            _console().print(escape_markup(offer), soft_wrap=True)
+
+
+def _convert_json(target: str | None, draft: str, table: dict | None) -> dict | None:
+    from specli.hardware import draft_offer
+
+    cost = draft_offer.pair_cost(target, draft, table) if target else None
+    return cost.to_json() if cost else None
 
 
 def escape_markup(text: str) -> str:

@@ -115,7 +115,7 @@ def run(
     toks = sess.prompt_tokens(text, chat, system)
     for note in opts.notes:
         err(note)
-    _cheaper_quant(opts.target, sess.target.path)
+    _cheaper_quant(opts.target, sess.target.path, sess.draft_model.path if sess.draft_model else None)
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, seed=seed)
     resp = sess.generate(toks, params, max_tokens, constraint=constraint)
     st = resp.stats
@@ -171,17 +171,18 @@ def _other_job(click_ctx: typer.Context, opts) -> int | None:
     return None
 
 
-def _cheaper_quant(ref: str | None, path: str) -> None:
-    """One line when the same model verifies clearly cheaper here in another quant (never a switch)."""
+def _cheaper_quant(ref: str | None, path: str, draft: str | None = None) -> None:
+    """One line when the same model verifies clearly cheaper here in another quant (never a
+    switch); one when a converted copy of the draft would draft cheaper."""
     from specli.errors import SpecliError
-    from specli.hardware import advice
+    from specli.hardware import advice, draft_offer
     from specli.resolve.gguf_header import read_gguf
 
     try:
-        hint = advice.flatter_line(ref, read_gguf(path), path)
+        hints = [advice.flatter_line(ref, read_gguf(path), path), draft_offer.run_line(path, draft)]
     except SpecliError:
         return
-    if hint:
+    for hint in filter(None, hints):
         err(hint)
 
 

@@ -66,6 +66,11 @@ def _context_params(cfg: ContextConfig, n_ctx: int, n_seq: int, threads: int):
     return cp
 
 
+def _wanted(logits: str, n: int, last_chunk: bool) -> list[bool]:
+    """The logits flags of one chunk of :meth:`Context.eval` asked for by name."""
+    return [logits == "all" or (logits == "last" and last_chunk and i == n - 1) for i in range(n)]
+
+
 class Context(Rollback, HiddenRows):
     """One KV cache (sequence 0) on a model. ``tokens`` mirrors what the cache holds.
     ``ctx_type``/``other``: an MTP context over the same model, reading ``other``'s state.
@@ -98,6 +103,7 @@ class Context(Rollback, HiddenRows):
         self._batch = L.llama_batch_init(self.n_batch, 0, 1)
         self.tokens: list[int] = []
         self.n_decode_calls = 0
+        self.rows_with_logits = 0  # rows whose logits were asked for (the LM head ran on them)
         self.listeners: list[DecodeListener] = []
         self._ebatch = None
         self.init_rollback(recurrent)
@@ -132,17 +138,23 @@ class Context(Rollback, HiddenRows):
     def n_past(self) -> int:
         return len(self.tokens)
 
-    def eval(self, tokens: Sequence[int], logits: str = "last", embd: np.ndarray | None = None) -> list[np.ndarray]:
+    def eval(self, tokens: Sequence[int], logits: str | Sequence[bool] = "last",
+             embd: np.ndarray | None = None) -> list[np.ndarray | None]:
         """Append ``tokens`` to the cache. ``logits``: "last" (one row, for the last token),
-        "all" (a row per token) or "none". Rows are views into llama.cpp's buffer, valid
-        until the next call; copy what must outlive it. ``embd``: an (n, n_embd) row per token
-        passed along with it (an MTP context's input: the target's hidden state)."""
+        "all" (a row per token), "none", or a flag per token (a block of at most n_batch
+        tokens: a row per token, None where its flag is off, so llama.cpp's last layer and
+        LM head skip it). Rows are views into llama.cpp's buffer, valid until the next call;
+        copy what must outlive it. ``embd``: an (n, n_embd) row per token passed along with it
+        (an MTP context's input: the target's hidden state)."""
         n = len(tokens)
         if n == 0:
             return []
         if self.n_past + n > self.n_ctx:
             raise ContextFull(self.n_past + n, self.n_ctx)
-        if logits == "all" and n > self.n_batch:
+        flags = None if isinstance(logits, str) else [bool(f) for f in logits]
+        if flags is not None and len(flags) != n:
+            raise ValueError(f"{len(flags)} logits flags for {n} tokens")
+        if (logits == "all" or flags is not None) and n > self.n_batch:
             raise ValueError("logits for every token need a block no larger than n_batch")
         b = self._batch if embd is None else self._embd_batch()
         start = 0
@@ -150,21 +162,23 @@ class Context(Rollback, HiddenRows):
             if start:
                 self.between_chunks()
             chunk = tokens[start:start + self.n_batch]
-            last_chunk = start + len(chunk) == n
             pos0 = self.n_past
-            want = [logits == "all" or (logits == "last" and last_chunk and i == len(chunk) - 1)
-                    for i in range(len(chunk))]
+            want = flags if flags is not None else _wanted(logits, len(chunk), start + len(chunk) == n)
             try:
                 out = self._decode_chunk(b, chunk, pos0, want,
                                          None if embd is None else embd[start:start + len(chunk)])
             except SpecliError:
                 self.rollback(pos0)
                 raise
+            self.rows_with_logits += sum(want)
             self.tokens.extend(int(t) for t in chunk)
             self.decoded_block(len(chunk))
             start += len(chunk)
             for lst in self.listeners:
                 lst.decoded(self, chunk, pos0)
+        if flags is not None:
+            rows = iter(out)
+            return [next(rows) if f else None for f in flags]
         if logits == "none":
             return []
         return out if logits == "all" else out[-1:]

@@ -24,7 +24,7 @@ class SeqContext(Context):
         self._batch = self._ebatch = None
         self.tokens = []
         self.listeners = []
-        self.n_decode_calls = self.n_rows = 0
+        self.n_decode_calls = self.n_rows = self.rows_with_logits = 0
         self.reset_rollback()
         self.interrupt: Callable[[], bool] | None = None  # True: stop the prompt at its next chunk
 

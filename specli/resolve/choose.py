@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from specli.errors import SpecliError
 from specli.options import Options
-from specli.resolve import derive, hub, models, profiles, vocab
+from specli.resolve import converted, derive, hub, models, profiles, vocab
 from specli.resolve.gguf_header import (
     HEAD_DFLASH,
     HEAD_EAGLE3,
@@ -163,6 +163,8 @@ def choose_models(opts: Options, progress: Callable[[str], None] | None = None) 
     head = None
     if source is not DraftKind.MODEL:  # a drafting head, not a draft model
         head, dpath = dpath, None
+    elif dpath and opts.draft == "auto":
+        dpath = _converted(dpath, dspec, opts.notes)
     apply_profile_defaults(opts, prof)
     label = ""
     if own or (opts.draft == "auto" and source is DraftKind.LOOKUP and not (prof and prof.drafts)):
@@ -174,6 +176,18 @@ def choose_models(opts: Options, progress: Callable[[str], None] | None = None) 
     s = opts.spec
     kind = DraftKind.NONE if s.draft_max == 0 else with_lookup(source, opts.lookup)
     return Choice(tpath, DraftPlan(labelled(mode_for(kind, s.adaptive), label), dpath, head, label), prof)
+
+
+def _converted(dpath: str, dspec: ModelSpec, notes: list[str]) -> str:
+    """``--draft auto``'s draft model, or the converted copy of it the user made (``specli
+    convert-draft``: the same weights in a type that runs faster here; the target's text is
+    the same whatever drafts)."""
+    copy = converted.existing(dpath, sha256=dspec.sha256)
+    if copy is None:
+        return dpath
+    notes.append(f"--draft auto: using the converted copy of {os.path.basename(dpath)} ({copy}, made by "
+                 "specli convert-draft)")
+    return str(copy)
 
 
 def _head_drafter(ref: str, th: GGUFHeader, dh: GGUFHeader, notes: list[str]) -> DraftKind:

@@ -22,7 +22,7 @@ from specli.speculate.contract import Drafter
 from specli.speculate.history import History
 from specli.speculate.settings import DEFAULTS
 from specli.speculate.source import Draft, Source
-from specli.speculate.verify import Sampler, SamplingParams, accept
+from specli.speculate.verify import Sampler, SamplingParams, accept, logits_needed
 
 # why a generation ended, as OpenAI's finish_reason where one fits
 FINISH_STOP, FINISH_LENGTH, FINISH_CONTEXT, FINISH_INTERRUPTED = "stop", "length", "context", "interrupted"
@@ -245,6 +245,15 @@ def _propose(drafter: Drafter, context: list[int], k_max: int, guide: Guide | No
     return draft, d
 
 
+def _rows_wanted(d: list[int], masks, n_logprobs: int | None):
+    """The logits a verify block asks for: every row (one without a draft), or under a
+    constraint, without logprobs, only the rows where the grammar allows more than one token
+    (the rest are decided: the last layer and the LM head skip them)."""
+    if masks is not None and n_logprobs is None:
+        return logits_needed(masks)
+    return "all" if d else "last"
+
+
 def _decode(target: Context, prompt: list[int], drafter: Drafter, params: SamplingParams,
             max_tokens: int, draft_max: int, st: Stats, align: int, guide: Guide | None,
             n_logprobs: int | None = None, history: History | None = None) -> Iterator[Chunk]:
@@ -292,8 +301,9 @@ def _decode(target: Context, prompt: list[int], drafter: Drafter, params: Sampli
             base = target.n_past
             if d:
                 target.mark()  # hybrid/recurrent targets without snapshots: a checkpoint to roll back to
-            rows = target.eval([tok] + d, "all" if d else "last")
-            n, nxt = accept(d, rows, sampler, len(context), guide.masks(d) if guide else None)
+            masks = guide.masks(d) if guide else None
+            rows = target.eval([tok] + d, _rows_wanted(d, masks, n_logprobs))
+            n, nxt = accept(d, rows, sampler, len(context), masks)
             new, flags = d[:n] + [nxt], [True] * n + [False]
             used = None if n_logprobs is None else [r.copy() for r in rows[:n + 1]]  # a rollback may decode
             target.rollback(base + 1 + n)

@@ -135,10 +135,29 @@ class _Choices:
     def __getitem__(self, i: int) -> int:
         if i not in self.done:
             row = self.rows[i]
+            if row is None:  # no logits asked: the grammar allows one token here (logits_needed)
+                self.done[i] = _only(self.allowed[i] if self.allowed is not None else None)
+                return self.done[i]
             if self.allowed is not None:
                 row = np.where(self.allowed[i], row, -np.inf)
             self.done[i] = self.sampler.pick(row, self.pos + i)
         return self.done[i]
+
+
+def _only(allowed: np.ndarray | None) -> int:
+    ids = np.flatnonzero(allowed) if allowed is not None else ()
+    if len(ids) != 1:
+        raise ValueError("a row without logits where the grammar allows more than one token")
+    return int(ids[0])
+
+
+def logits_needed(allowed: Sequence[np.ndarray]) -> list[bool]:
+    """Which rows of a verify block need the target's logits (``allowed``: a constraint's mask
+    at each row): all but those where the grammar allows exactly one token. That token is the
+    choice whatever the logits: greedy, the argmax of the masked row; sampling, the masked
+    distribution gives it probability 1 (after temperature, top-k and top-p alike), so the
+    Gumbel-max choice is it too. Reading the masks computes them all (they are kept)."""
+    return [int(np.count_nonzero(allowed[i])) != 1 for i in range(len(allowed))]
 
 
 def accept(draft: Sequence[int], rows: Sequence[np.ndarray], sampler: Sampler, pos: int,
@@ -150,7 +169,8 @@ def accept(draft: Sequence[int], rows: Sequence[np.ndarray], sampler: Sampler, p
     matches the target's own choices (:class:`Sampler`) is kept, then the target's choice.
     ``allowed[i]``: a constraint's boolean mask at that position (the tokens its grammar
     allows after the context plus ``draft[:i]``): the target's logits are masked first, so
-    its choice is that of plain constrained decoding.
+    its choice is that of plain constrained decoding. A row may be None where ``allowed``
+    admits one token only (:func:`logits_needed`): that token is the choice.
     Returns (number of drafted tokens accepted, the target's next token)."""
     sampler.done(pos)
     return prefix_accept(draft, _Choices(rows, allowed, sampler, pos))
