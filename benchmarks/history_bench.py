@@ -80,14 +80,30 @@ def spec(rows: list[dict]) -> dict:
     return out
 
 
-def parted(ref: list[dict], rows: list[dict]) -> list[str]:
-    """The items whose text is not plain decoding's, with where they part."""
+def parted(ref: list[dict], rows: list[dict]) -> list[tuple[str, str]]:
+    """(id, text) of the items whose text is not plain decoding's."""
+    return [(b["id"], b["text"]) for a, b in zip(ref, rows) if a["text"] != b["text"]]
+
+
+def verdicts(target_args: list[str], items: dict[str, dict], plain: dict[str, str],
+             diffs: list[tuple[str, str]]) -> list[str]:
+    """Where each parted text leaves plain decoding's, and the target's top-2 margin there
+    (small: batched numerics at a near-tie; large: a bug)."""
+    if not diffs:
+        return []
+    from specli.measure import lossless
+    from specli.session import Options, Session
+    sess = Session(Options(target=target_args[1], draft="none") if target_args[0] == "--target"
+                   else Options(profile=target_args[1], draft="none"))
     out = []
-    for a, b in zip(ref, rows):
-        if a["text"] != b["text"]:
-            i = next((k for k, (x, y) in enumerate(zip(a["text"], b["text"])) if x != y),
-                     min(len(a["text"]), len(b["text"])))
-            out.append(f"{a['id']}@char{i}")
+    try:
+        for iid, text in diffs:
+            toks = sess.prompt_tokens(items[iid]["prompt"])
+            ref = sess.target.tokenize(plain[iid], add_special=False, parse_special=False)
+            other = lossless.tokens_of_text(sess.target, ref, text)
+            out.append(f"{iid}: {lossless.verdict(lossless.divergence(sess.ctx, toks, ref, other))}")
+    finally:
+        sess.close()
     return out
 
 
@@ -103,6 +119,7 @@ def main() -> int:
     ap.add_argument("--items", type=int, default=0, help="only the first N items of each workload (0: all)")
     ap.add_argument("--control-per-suite", type=int, default=3)
     ap.add_argument("--skip-parallel", action="store_true")
+    ap.add_argument("--parallel-repeat", type=int, default=1, help="repetitions of --parallel 4 against the loop")
     ap.add_argument("--out", default="benchmarks/results/history_bench")
     a = ap.parse_args()
     base = (["--target", a.target] if a.target else ["--profile", "default"]) + ["--temp", "0", "-n", str(a.max_tokens)]
@@ -127,7 +144,7 @@ def main() -> int:
     loops = []
     if not a.skip_parallel:
         path = files["extract"]
-        for rep in range(a.repeat):
+        for rep in range(a.parallel_repeat):
             dt4, rows4 = batch(base, path, MODES["lookup-history"], 4, tmp / "p4.jsonl")
             loop = shell_loop(base, path, MODES["lookup-history"])
             loops.append({"rep": rep, "parallel4": dt4, "shell_loop": loop, "items": len(rows4)})
@@ -142,7 +159,7 @@ def main() -> int:
              "| workload | items | lookup / plain | lookup-history / plain | lookup-history / lookup | "
              "history tokens kept / drafted from all sources | texts parted from plain |",
              "|---|---|---|---|---|---|---|"]
-    summary = {}
+    summary, notes = {}, []
     for wl in files:
         per = {m: [r for r in runs if r["workload"] == wl and r["mode"] == m] for m in MODES}
         speed = {m: [r["tokens"] / r["seconds"] for r in per[m]] for m in MODES}
@@ -151,10 +168,16 @@ def main() -> int:
         hl = [x / y for x, y in zip(speed["lookup-history"], speed["lookup"])]
         ref = per["plain"][0]["rows"]
         diff = sorted({d for m in ("lookup", "lookup-history") for r in per[m] for d in parted(ref, r["rows"])})
+        items = {json.loads(x)["id"]: json.loads(x) for x in files[wl].read_text().splitlines() if x.strip()}
+        why = verdicts(base[:2], items, {r["id"]: r["text"] for r in ref}, diff)
+        notes += [f"- {wl} {v}" for v in why]
         last = per["lookup-history"][-1]["spec"]
-        summary[wl] = {"lookup/plain": lp, "history/plain": hp, "history/lookup": hl, "parted": diff}
+        summary[wl] = {"lookup/plain": lp, "history/plain": hp, "history/lookup": hl, "parted": why}
         lines.append(f"| {wl} | {len(ref)} | {spread(lp)} | {spread(hp)} | {spread(hl)} | {last['history']} of "
-                     f"{last['accepted']} kept / {last['drafted']} drafted | {', '.join(diff) or 'none'} |")
+                     f"{last['accepted']} kept / {last['drafted']} drafted | {len(diff)} |")
+    if notes:
+        lines += ["", "Texts that parted from plain decoding's (item: the token, the target's top-2 margin there):",
+                  "", *notes]
     if loops:
         r = [x["shell_loop"] / x["parallel4"] for x in loops]
         each = ", ".join(f"{x['parallel4']:.0f} s vs {x['shell_loop']:.0f} s" for x in loops)

@@ -67,3 +67,13 @@ def holds(verdict: str) -> bool:
     """Whether a ``verdict`` line shows the target's own output: identical, or parted at a
     near-tie. A divergence that is not a near-tie (a lossless violation) does not hold."""
     return verdict == IDENTICAL or verdict.endswith(": " + NEAR_TIE_KIND)
+
+
+def tokens_of_text(model, reference: Sequence[int], text: str) -> list[int]:
+    """``text`` (an answer that came back as text: from a server, a batch job's output) as
+    tokens: those of ``reference`` while their text is a prefix of it, then the rest tokenized."""
+    i = 0
+    while i < len(reference) and text.startswith(model.detokenize(reference[:i + 1])):
+        i += 1
+    head = model.detokenize(reference[:i])
+    return list(reference[:i]) + model.tokenize(text[len(head):], add_special=False, parse_special=False)
