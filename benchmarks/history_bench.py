@@ -149,6 +149,7 @@ def main() -> int:
             loop = shell_loop(base, path, MODES["lookup-history"])
             loops.append({"rep": rep, "parallel4": dt4, "shell_loop": loop, "items": len(rows4)})
             print(f"rep {rep} --parallel 4 {dt4:.1f} s, shell loop {loop:.1f} s ({loop / dt4:.2f}×)", file=sys.stderr)
+    Path(a.out + ".json").write_text(json.dumps({"runs": runs, "loops": loops}, indent=1))  # kept whatever follows
     # the report
     lines = [f"# Drafts from earlier answers, on batch jobs ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
              "", f"    python benchmarks/history_bench.py --repeat {a.repeat} --max-tokens {a.max_tokens}"
