@@ -130,6 +130,9 @@ def pair_for(opts, progress: Callable[[str], None] | None = None, hf_target: str
     notes = [f"placement: {plan.summary}"]
     if asked.draft_path and not draft.draft_path:
         notes.append("the GPU cannot hold both models, so specli would draft with prompt lookup: exported that way")
+    elif plan.own_path:
+        notes.append(f"the GPU cannot hold both models, so specli would draft with {plan.own_label}, derived from "
+                     "the target's own layers: exported that way")
     dpath, mtp = draft.draft_path, draft.mtp
     tngl, dngl = gpu_layers(opts, plan)
     s = opts.spec

@@ -15,7 +15,9 @@ from tinyheads import tiny_head_model
 from tinymodels import tiny_model
 
 # the family of tiny models each drafter drafts for: (target, draft reference) builders
-FAMILIES = ("pair", "mtp", "eagle3", "dflash")
+FAMILIES = ("pair", "mtp", "eagle3", "dflash", "early-exit", "layer-skip")
+# a draft derived from the target's own layers (issue 39): as --draft names it, for a 4-layer target
+OWN_DRAFTS = {"early-exit": "early-exit:2", "layer-skip": "layer-skip:1-2"}
 
 # drafter (as the issue names it) -> (family, how --draft names it: "draft" the family's draft file,
 # "--no-lookup" without lookup, the mode run reports under --adaptive and under --fixed)
@@ -43,7 +45,12 @@ DRAFTERS = [
     Drafter("eagle3-lookup", "eagle3", "file", True, "eagle3-lookup", "eagle3-fixed"),
     Drafter("dflash", "dflash", "file", False, "dflash", "dflash-fixed"),
     Drafter("dflash-lookup", "dflash", "file", True, "dflash-lookup", "dflash-fixed"),
+    Drafter("early-exit", "early-exit", "file", False, "early-exit:2", "early-exit:2-fixed"),
+    Drafter("layer-skip-lookup", "layer-skip", "file", True, "layer-skip:1-2+lookup", "layer-skip:1-2-fixed"),
 ]
+# the drafters from the target's own layers: each with every constraint and sampling in turn,
+# not in every combination (a draft model drafts in the cells of "model" and "hybrid" already)
+OWN = {"early-exit", "layer-skip-lookup"}
 BY_NAME = {d.name: d for d in DRAFTERS}
 POLICIES = {"adaptive": True, "fixed": False}
 
@@ -59,7 +66,10 @@ N = 24
 
 
 def family_models(smol_gguf: str, family: str) -> tuple[str, str | None]:
-    """(target path, draft file: the draft model or head; None for MTP layers in the target)."""
+    """(target path, draft file: the draft model or head; None for MTP layers in the target; a
+    draft from the target's own layers as --draft names it)."""
+    if family in OWN_DRAFTS:
+        return str(tiny_model(TEST_CACHE, smol_gguf, seed=0, attn_scale=0.3, n_layer=4)), OWN_DRAFTS[family]
     if family == "pair":
         return (str(tiny_model(TEST_CACHE, smol_gguf, seed=0, attn_scale=0.3)),
                 str(tiny_model(TEST_CACHE, smol_gguf, seed=0, attn_scale=0.3, noise=0.05)))

@@ -4,8 +4,9 @@ mtp, mtp-lookup, eagle3, eagle3-lookup, dflash, dflash-lookup) under each length
 sampling (greedy; T > 0 with a seed), on the tiny f32 models it drafts for: the text is plain
 decoding's under the same constraint and sampling, token for token. One session per family of
 models, reused by every cell; the calibration is a GPU's (tests/curves.py), so the adaptive
-controller drafts on any machine. The entry points (run, chat, bench, serve) are
-tests/test_matrix_cli.py's."""
+controller drafts on any machine. The drafters from the target's own layers
+(early-exit, layer-skip with lookup) take each constraint and sampling in turn, not every
+combination. The entry points (run, chat, bench, serve) are tests/test_matrix_cli.py's."""
 
 import pytest
 from curves import gpu_like_costs
@@ -15,6 +16,7 @@ from matrixhelp import (
     DRAFTERS,
     FAMILIES,
     GBNF,
+    OWN,
     POLICIES,
     PROMPT,
     REGEX,
@@ -23,6 +25,7 @@ from matrixhelp import (
     N,
     draft_arg,
     family_models,
+    pairwise,
 )
 
 from specli.constrain import Constraint
@@ -81,7 +84,9 @@ def _reference(sessions, family, constraint, sampling):
 
 
 CELLS = [(d.name, p, c, s) for d in DRAFTERS for p in POLICIES for c in CONSTRAINTS for s in SAMPLINGS
-         if not (d.name == "none" and p == "fixed")]
+         if not (d.name == "none" and p == "fixed") and d.name not in OWN]
+CELLS += [(d, p, c, s) for d, p, s, c in pairwise([(d, p, s) for d in sorted(OWN) for p in POLICIES
+                                                   for s in SAMPLINGS], [CONSTRAINTS])]
 
 
 @pytest.mark.parametrize("drafter,policy,constraint,sampling", CELLS)
@@ -101,6 +106,11 @@ def test_every_combination_decodes_plain_decodings_text(sessions, drafter, polic
 
 def test_the_matrix_covers_every_axis():
     assert {d.name for d in DRAFTERS} == {"none", "lookup", "model", "hybrid", "mtp", "mtp-lookup", "eagle3",
-                                          "eagle3-lookup", "dflash", "dflash-lookup"}
-    assert len(CELLS) == (2 * len(DRAFTERS) - 1) * len(CONSTRAINTS) * len(SAMPLINGS)
+                                          "eagle3-lookup", "dflash", "dflash-lookup", "early-exit",
+                                          "layer-skip-lookup"}
+    full = len(DRAFTERS) - len(OWN)
+    assert len(CELLS) == (2 * full - 1) * len(CONSTRAINTS) * len(SAMPLINGS) + len(OWN) * 2 * len(SAMPLINGS)
+    for d in OWN:  # every constraint, every policy and every sampling, in turn
+        mine = [cell[1:] for cell in CELLS if cell[0] == d]
+        assert [{cell[i] for cell in mine} for i in range(3)] == [set(POLICIES), set(CONSTRAINTS), set(SAMPLINGS)]
     assert draft_arg(BY_NAME["mtp"], None) == "mtp"

@@ -1,6 +1,7 @@
 """The combination matrix through the entry points (issue #36): `run`, `chat` and `bench` as a
 user types them, and the HTTP server (`serve`, `serve --parallel 2`) over a session of the same
-options, each over every drafter x length policy, with the constraints and the sampling
+options, each over every drafter x length policy (the drafters from the target's own layers, early-exit and
+layer-skip with lookup, too), with the constraints and the sampling
 settings taken in turn (pairwise, not a full product of subprocesses: tests/test_matrix.py has
 the full product in process). Greedy text is plain decoding's, seeded text plain decoding's
 with that seed; a combination that cannot work is refused in one line, non-zero exit. The
@@ -17,6 +18,7 @@ from matrixhelp import (
     BY_NAME,
     CONSTRAINTS,
     DRAFTERS,
+    OWN,
     POLICIES,
     PROMPT,
     SAMPLINGS,
@@ -68,10 +70,10 @@ _plain: dict = {}
 
 
 def _run_plain(models, env, files, family, constraint, sampling):
-    key = (family, constraint, sampling)
+    target, _ = models(family)
+    key = (target, constraint, sampling)  # families that share a target share its plain text
     if key not in _plain:
         none = next(d for d in DRAFTERS if d.name == "none")
-        target, _ = models(family)
         rc, out, err = specli("run", "--target", target, "--draft", "none", "--raw", "--prompt", PROMPT, "-n", str(N),
                               "-t", "2", "--json", *cli_flags(none, True, constraint, sampling, files)[2:], env=env)
         assert rc == 0, err
@@ -106,7 +108,7 @@ def test_chat(models, env, drafter, policy, sampling):
     assert chat(draft_arg(d, draft), flags) == chat("none", flags[2:])
 
 
-@pytest.mark.parametrize("family", ["pair", "mtp", "eagle3", "dflash"])
+@pytest.mark.parametrize("family", ["pair", "mtp", "eagle3", "dflash", "early-exit"])
 def test_bench(models, env, tmp_path, family):
     """One bench per family of models, every mode its models allow, adaptive and fixed: each
     mode's text is plain decoding's (bench's own lossless check)."""
@@ -170,6 +172,8 @@ def test_serve(models, env, monkeypatch, drafter, policy, constraint, sampling, 
                 # the slots draft with prompt lookup (MTP layers and heads read one sequence's hidden
                 # rows), and the server says so
                 assert sess.drafter_name.startswith("lookup"), sess.drafter_name
+            if name != "none" and drafter in OWN:  # every slot drafts with the target's own layers
+                assert sess.drafter_name == BY_NAME[drafter].mode(POLICIES[policy]), sess.drafter_name
             app = create_app(sess, queue=4)
             with background(app) as url:
                 client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)

@@ -141,9 +141,10 @@ def model_options(click_ctx: typer.Context) -> Options:
 TARGET_HELP = ("Target model: a GGUF path, org/repo:QUANT on the Hub, ollama:NAME[:TAG], lmstudio:PUBLISHER/REPO, "
                "pypi:NAME, or a profile name (specli models lists what is on disk).")
 DRAFT_HELP = ("Draft: a model reference (as for --target; a drafting head's file, MTP-only, EAGLE-3 or DFlash, "
-              "drafts as such), 'mtp' (the target's own MTP layers), 'lookup' (prompt lookup), 'auto' (MTP, else a "
-              "drafting head or a draft model on disk, or one from a profile or the Hub, else lookup) "
-              "or 'none' (plain).")
+              "drafts as such), 'mtp' (the target's own MTP layers), 'early-exit[:E]' / 'layer-skip[:SET]' (a draft "
+              "derived from the target's own layers), 'lookup' (prompt lookup), 'auto' (MTP, else a drafting head or a "
+              "draft model on disk, or one from a profile or the Hub, else the target's own layers where they pay, "
+              "else lookup) or 'none' (plain).")
 # The shared options, typed once (``target: TargetOpt = None``): the model options run, chat,
 # bench, serve and export share, and the generation and hardware options most of them take
 # (bench has no sampling, --lookup or --draft-gpu-layers: it compares modes).

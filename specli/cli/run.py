@@ -208,7 +208,8 @@ def print_plan(opts) -> None:
     print(f"backend      {', '.join(hw.backends)} (GPU offload {'yes' if hw.can_offload else 'no'})")
     print(f"GPU budget   {budget}")
     print(f"context      {n_ctx} tokens")
-    for label, path in (("target", tpath), ("draft", asked.draft_path), ("head", asked.head)):
+    own = draft.draft_path if draft.draft_path != asked.draft_path else None  # the VRAM fallback's
+    for label, path in (("target", tpath), ("draft", asked.draft_path), ("derived", own), ("head", asked.head)):
         if path:
             h = read_gguf(path)
             m = memory_from_header(h, name=label)

@@ -7,7 +7,8 @@ only). The session (:mod:`specli.session`) then loads what is placed here."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from specli.hardware import calibrate
 from specli.hardware.devices import Hardware, detect
@@ -16,10 +17,12 @@ from specli.hardware.plan import (
     Plan,
     available_ram,
     check_host_memory,
+    derived_memory,
     make_plan,
     memory_from_header,
 )
 from specli.options import Options
+from specli.resolve import derive
 from specli.resolve.choose import Choice, DraftPlan
 from specli.resolve.gguf_header import read_gguf
 from specli.speculate.registry import DraftKind, mode_for
@@ -41,11 +44,35 @@ def plan_for(opts: Options, target_path: str, draft: DraftPlan,
     pays = bool(dpath) and calibrate.draft_on_cpu_pays(
         target_path, dpath, opts.threads or os.cpu_count() or 1, min(512, n_ctx), opts.spec.draft_max)
     kv_ctx = n_ctx * max(1, opts.parallel)  # the KV cache of every slot, each n_ctx tokens
-    plan = make_plan(memory_from_header(th, name="target"),
-                     memory_from_header(dh, name="draft" if dpath else "head") if dh else None,
-                     hw.budget, kv_ctx, hw.can_offload or hw.budget_source in ("--vram", "SPECLI_VRAM"), bool(pays),
-                     wants_draft=draft.kind.value)
+    tmem = memory_from_header(th, name="target")
+    args = (tmem, memory_from_header(dh, name="draft" if dpath else "head") if dh else None,
+            hw.budget, kv_ctx, hw.can_offload or hw.budget_source in ("--vram", "SPECLI_VRAM"), bool(pays))
+    plan = make_plan(*args, wants_draft=draft.kind.value)
+    if plan.branch == "target-gpu-lookup" and dpath and not draft.label:
+        plan = own_fallback(opts, target_path, plan, lambda own: make_plan(*args, wants_draft=draft.kind.value,
+                                                                            own=own))
     return plan, hw, n_ctx
+
+
+def own_fallback(opts: Options, target_path: str, plan: Plan, replan: Callable[[ModelMemory], Plan]) -> Plan:
+    """The VRAM fallback's middle step: the GPU holds the target but not the draft model beside
+    it, so before prompt lookup, the draft ``--draft auto`` would derive from the target's own
+    layers (early-exit, layer-skip), taken only where it is measured to pay (the same gate,
+    :func:`specli.measure.selfpick.paying`) and fits beside the target (its kept blocks and
+    output matrix, :func:`~specli.hardware.plan.derived_memory`)."""
+    from specli.measure import selfpick  # loads models only here, where memory is short
+
+    th = read_gguf(target_path)
+    if not selfpick.derivable(th):
+        return plan
+    lay = selfpick.paying(target_path, opts.spec, opts.threads)
+    if lay is None:
+        return replace(plan, summary=plan.summary + " (no draft derived from its own layers pays here, measured)")
+    plan = replan(derived_memory(memory_from_header(th), lay.kept, lay.label))
+    if plan.own_label:
+        path, _ = derive.derive(target_path, lay, opts.threads)
+        plan = replace(plan, own_path=path)
+    return plan
 
 
 def gpu_layers(opts: Options, plan: Plan) -> tuple[int, int]:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from specli.errors import SpecliError
 from specli.resolve.gguf_header import HEAD_MTP_ONLY, GGUFHeader
@@ -107,6 +108,14 @@ def memory_from_header(h: GGUFHeader, kv_type_bytes: float = 2.0, name: str = ""
                        n_vocab, n_embd, tied)
 
 
+def derived_memory(target: ModelMemory, kept: Sequence[int], name: str) -> ModelMemory:
+    """A draft derived from ``target`` keeping its blocks ``kept`` (early-exit, layer-skip): those
+    blocks' weights, the target's embeddings, final norm and output matrix (a copy: the derived
+    file holds them too), and the KV cache of the kept layers alone."""
+    return replace(target, name=name, n_layer=len(kept), layer_bytes=tuple(target.layer_bytes[i] for i in kept),
+                   kv_bytes_per_token=target.kv_bytes_per_token * len(kept) // target.n_layer)
+
+
 @dataclass(frozen=True)
 class Plan:
     target_gpu_layers: int  # -1: all
@@ -116,15 +125,21 @@ class Plan:
     draft_gpu_layers: int
     branch: str  # which rule decided
     summary: str  # one line for stderr
+    # the VRAM fallback's draft derived from the target (branch "target-gpu-own"): its label
+    # (early-exit:E, layer-skip:SET) and, once derived, its file (specli.hardware.placement)
+    own_label: str = ""
+    own_path: str = ""
 
 
 def make_plan(target: ModelMemory, draft: ModelMemory | None, budget: int | None, n_ctx: int,
               can_offload: bool, draft_cpu_pays: bool = False, n_batch: int = 512,
-              wants_draft: str = "model") -> Plan:
+              wants_draft: str = "model", own: ModelMemory | None = None) -> Plan:
     """``budget``: free device memory in bytes (None: no GPU). ``draft``: the draft model, when
     the kind asked for (``wants_draft``: "model", "hybrid", "lookup", "mtp", "none", ...)
     drafts with one. ``draft_cpu_pays``: the draft model measured fast enough on the CPU to
-    help a target on the GPU."""
+    help a target on the GPU. ``own``: a draft derived from the target's own layers
+    (:func:`derived_memory`, measured to pay), which drafts in the draft model's place where
+    the target and it fit on the GPU and the draft model does not."""
     dmode = wants_draft
     if not can_offload or budget is None or budget <= 0:
         why = "no GPU offload in this llama.cpp build" if not can_offload else "no GPU found"
@@ -145,9 +160,7 @@ def make_plan(target: ModelMemory, draft: ModelMemory | None, budget: int | None
             return Plan(-1, dmode, 0, "draft-cpu",
                         f"{parts} > {fmt_size(budget)} free: target on the GPU, draft on the CPU (fast enough there)")
         if t_full <= budget:
-            return Plan(-1, "lookup", 0, "target-gpu-lookup",
-                        f"{parts} > {fmt_size(budget)} free: target on the GPU, "
-                        "using prompt lookup instead of the draft")
+            return _own_or_lookup(target, own, budget, n_ctx, n_batch, dmode, f"{parts} > {fmt_size(budget)} free")
     elif t_full <= budget:
         return Plan(-1, dmode, 0, "target-gpu",
                     f"target {fmt_size(t_w)} + KV {fmt_size(t_kv)} = {fmt_size(t_full)} <= {fmt_size(budget)} free: "
@@ -165,6 +178,26 @@ def make_plan(target: ModelMemory, draft: ModelMemory | None, budget: int | None
     return Plan(0, fallback, 0, "cpu-lookup",
                 f"not even one target layer fits in {fmt_size(budget)} free: everything on the CPU"
                 + (", using prompt lookup" if fallback == "lookup" else ""))
+
+
+def _own_or_lookup(target: ModelMemory, own: ModelMemory | None, budget: int, n_ctx: int, n_batch: int,
+                   dmode: str, why: str) -> Plan:
+    """The target fits on the GPU, the draft model beside it does not: the draft derived from
+    the target's own layers (``own``) where it fits beside the target, else prompt lookup."""
+    if own is None:
+        return Plan(-1, "lookup", 0, "target-gpu-lookup",
+                    f"{why}: target on the GPU, using prompt lookup instead of the draft")
+    o_w = own.gpu_bytes(-1, 0, n_batch) - own.compute(n_batch)
+    need = target.gpu_bytes(-1, n_ctx, n_batch) + own.gpu_bytes(-1, n_ctx, n_batch)
+    if need <= budget:
+        return Plan(-1, dmode, -1, "target-gpu-own",
+                    f"{why}: target on the GPU, drafting with {own.name} from its own layers instead of the draft "
+                    f"({own.n_layer}/{target.n_layer} blocks and the output matrix, {fmt_size(o_w)}; "
+                    f"{fmt_size(need)} with the target, KV and buffers <= {fmt_size(budget)} free; measured to pay)",
+                    own.name)
+    return Plan(-1, "lookup", 0, "target-gpu-lookup",
+                f"{why}: target on the GPU, using prompt lookup instead of the draft (its own {own.name}, "
+                f"{fmt_size(need)} with the target, does not fit either)")
 
 
 class HostMemoryTooSmall(SpecliError):

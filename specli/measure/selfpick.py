@@ -58,9 +58,9 @@ def derived_draft(target: str, own: SelfSpec | None, settings: SpecSettings, thr
     h = read_gguf(target)
     name = os.path.basename(target)
     if own is None:
-        if derive.n_layers(h) < MIN_AUTO_LAYERS or h.mtp_layers or h.head_kind:
+        if not derivable(h):
             return None
-        lay = choose(target, h, (EARLY_EXIT, LAYER_SKIP), settings, threads, progress, auto=True)
+        lay = paying(target, settings, threads, progress)
         if lay is None:
             notes.append("--draft auto: no draft derived from the target's own layers pays here (measured); "
                          "using prompt lookup")
@@ -82,6 +82,20 @@ def derived_draft(target: str, own: SelfSpec | None, settings: SpecSettings, thr
     notes.append(f"--draft {lay.label}: {len(lay.kept)} of {lay.n_layer} layers of {name}, {how}; "
                  f"{'derived' if new else 'cached'} at {path}")
     return path, lay.label
+
+
+def derivable(h: GGUFHeader) -> bool:
+    """Does ``--draft auto`` (or the VRAM fallback) consider a draft derived from this target:
+    enough layers to spare, and no drafter of its own (MTP layers) or a head's role?"""
+    return derive.n_layers(h) >= MIN_AUTO_LAYERS and not h.mtp_layers and not h.head_kind
+
+
+def paying(target: str, settings: SpecSettings, threads: int | None,
+           progress: Callable[[str], None] | None = None) -> Layers | None:
+    """The early-exit or layer-skip draft ``--draft auto`` would take (measured once, cached),
+    None when none pays (:data:`PAYS`); the hardware plan's VRAM fallback asks the same."""
+    h = read_gguf(target)
+    return choose(target, h, (EARLY_EXIT, LAYER_SKIP), settings, threads, progress, auto=True)
 
 
 def choose(target: str, h: GGUFHeader, kinds: tuple[str, ...], settings: SpecSettings, threads: int | None,

@@ -70,7 +70,10 @@ class DraftPlan:
 
     def placed(self, plan: Plan) -> DraftPlan:
         """This plan as the hardware plan places it: where the GPU cannot hold the draft model
-        too, prompt lookup drafts instead."""
+        too, prompt lookup drafts instead, or a draft derived from the target's own layers
+        (``plan.own_path``: the VRAM fallback's, measured to pay)."""
+        if plan.own_path:
+            return DraftPlan(labelled(self.mode, plan.own_label), plan.own_path, None, plan.own_label)
         kind = DraftKind(plan.draft)
         if kind is self.kind:
             return self
