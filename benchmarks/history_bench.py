@@ -67,6 +67,14 @@ def shell_loop(base: list[str], items: Path, mode: list[str]) -> float:
     return time.perf_counter() - t0
 
 
+def decode_rate(rows: list[dict]) -> float:
+    """Tokens per second of generation alone (prompt processing and the load excluded, as
+    `specli bench` measures), from each item's own rate."""
+    secs = sum(r["completion_tokens"] / r["speculative"]["tokens_per_s"] for r in rows
+               if r["speculative"]["tokens_per_s"] > 0)
+    return sum(r["completion_tokens"] for r in rows) / secs if secs else 0.0
+
+
 def tokens_of(rows: list[dict]) -> int:
     return sum(r["usage"]["completion_tokens"] if "usage" in r else r["completion_tokens"] for r in rows)
 
@@ -121,6 +129,7 @@ def main() -> int:
     ap.add_argument("--skip-parallel", action="store_true")
     ap.add_argument("--parallel-repeat", type=int, default=1, help="repetitions of --parallel 4 against the loop")
     ap.add_argument("--out", default="benchmarks/results/history_bench")
+    ap.add_argument("--from-json", help="write the report from this earlier run's OUT.json (the same options)")
     a = ap.parse_args()
     base = (["--target", a.target] if a.target else ["--profile", "default"]) + ["--temp", "0", "-n", str(a.max_tokens)]
     tmp = Path(tempfile.mkdtemp(prefix="history_bench-"))
@@ -131,6 +140,16 @@ def main() -> int:
             cut = tmp / f"{k}-cut.jsonl"
             cut.write_text("".join(files[k].read_text().splitlines(keepends=True)[:a.items]))
             files[k] = cut
+    if a.from_json:
+        saved = json.loads(Path(a.from_json).read_text())
+        runs, loops = saved["runs"], saved["loops"]
+    else:
+        runs, loops = measure(a, base, files, tmp)
+    report(a, base, files, runs, loops)
+    return 0
+
+
+def measure(a, base: list[str], files: dict[str, Path], tmp: Path) -> tuple[list[dict], list[dict]]:
     runs: list[dict] = []
     for rep in range(a.repeat):
         for wl, path in files.items():
@@ -150,7 +169,10 @@ def main() -> int:
             loops.append({"rep": rep, "parallel4": dt4, "shell_loop": loop, "items": len(rows4)})
             print(f"rep {rep} --parallel 4 {dt4:.1f} s, shell loop {loop:.1f} s ({loop / dt4:.2f}×)", file=sys.stderr)
     Path(a.out + ".json").write_text(json.dumps({"runs": runs, "loops": loops}, indent=1))  # kept whatever follows
-    # the report
+    return runs, loops
+
+
+def report(a, base: list[str], files: dict[str, Path], runs: list[dict], loops: list[dict]) -> None:
     lines = [f"# Drafts from earlier answers, on batch jobs ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
              "", f"    python benchmarks/history_bench.py --repeat {a.repeat} --max-tokens {a.max_tokens}"
              + (f" --items {a.items}" if a.items else ""), "",
@@ -158,8 +180,9 @@ def main() -> int:
              "tokens / wall seconds of the whole job (load included, once per job); ratios side by side in each "
              "repetition, median (min–max) over the repetitions.", "",
              "| workload | items | lookup / plain | lookup-history / plain | lookup-history / lookup | "
-             "history tokens kept / drafted from all sources | texts parted from plain |",
-             "|---|---|---|---|---|---|---|"]
+             "lookup-history / lookup, generation alone | history tokens kept / drafted from all sources | "
+             "texts parted from plain |",
+             "|---|---|---|---|---|---|---|---|"]
     summary, notes = {}, []
     for wl in files:
         per = {m: [r for r in runs if r["workload"] == wl and r["mode"] == m] for m in MODES}
@@ -167,14 +190,18 @@ def main() -> int:
         lp = [x / y for x, y in zip(speed["lookup"], speed["plain"])]
         hp = [x / y for x, y in zip(speed["lookup-history"], speed["plain"])]
         hl = [x / y for x, y in zip(speed["lookup-history"], speed["lookup"])]
+        gen = {m: [decode_rate(r["rows"]) for r in per[m]] for m in MODES}
+        hl_gen = [x / y for x, y in zip(gen["lookup-history"], gen["lookup"])]
         ref = per["plain"][0]["rows"]
         diff = sorted({d for m in ("lookup", "lookup-history") for r in per[m] for d in parted(ref, r["rows"])})
         items = {json.loads(x)["id"]: json.loads(x) for x in files[wl].read_text().splitlines() if x.strip()}
         why = verdicts(base[:2], items, {r["id"]: r["text"] for r in ref}, diff)
         notes += [f"- {wl} {v}" for v in why]
         last = per["lookup-history"][-1]["spec"]
-        summary[wl] = {"lookup/plain": lp, "history/plain": hp, "history/lookup": hl, "parted": why}
-        lines.append(f"| {wl} | {len(ref)} | {spread(lp)} | {spread(hp)} | {spread(hl)} | {last['history']} of "
+        summary[wl] = {"lookup/plain": lp, "history/plain": hp, "history/lookup": hl,
+                       "history/lookup generation": hl_gen, "parted": why}
+        lines.append(f"| {wl} | {len(ref)} | {spread(lp)} | {spread(hp)} | {spread(hl)} | {spread(hl_gen)} | "
+                     f"{last['history']} of "
                      f"{last['accepted']} kept / {last['drafted']} drafted | {len(diff)} |")
     if notes:
         lines += ["", "Texts that parted from plain decoding's (item: the token, the target's top-2 margin there):",
@@ -189,7 +216,6 @@ def main() -> int:
     print(md)
     Path(a.out + ".md").write_text(md)
     Path(a.out + ".json").write_text(json.dumps({"summary": summary, "runs": runs, "loops": loops}, indent=1))
-    return 0
 
 
 if __name__ == "__main__":
