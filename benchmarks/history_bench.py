@@ -94,20 +94,25 @@ def parted(ref: list[dict], rows: list[dict]) -> list[tuple[str, str]]:
 
 
 def verdicts(target_args: list[str], items: dict[str, dict], plain: dict[str, str],
-             diffs: list[tuple[str, str]]) -> list[str]:
+             diffs: list[tuple[str, str]], max_tokens: int) -> list[str]:
     """Where each parted text leaves plain decoding's, and the target's top-2 margin there
-    (small: batched numerics at a near-tie; large: a bug)."""
+    (small: batched numerics at a near-tie; large: a bug). Plain decoding's own tokens are
+    generated again (a text tokenized anew need not be the tokens the model chose)."""
     if not diffs:
         return []
     from specli.measure import lossless
     from specli.session import Options, Session
+    from specli.speculate.verify import SamplingParams
     sess = Session(Options(target=target_args[1], draft="none") if target_args[0] == "--target"
                    else Options(profile=target_args[1], draft="none"))
     out = []
     try:
         for iid, text in diffs:
             toks = sess.prompt_tokens(items[iid]["prompt"])
-            ref = sess.target.tokenize(plain[iid], add_special=False, parse_special=False)
+            sess.ctx.clear()
+            ref = [t for ch in sess.generate(toks, SamplingParams(0.0), max_tokens) for t in ch.tokens]
+            assert sess.target.detokenize(ref) == plain[iid], f"{iid}: plain decoding is not what the run printed"
+            sess.ctx.clear()
             other = lossless.tokens_of_text(sess.target, ref, text)
             out.append(f"{iid}: {lossless.verdict(lossless.divergence(sess.ctx, toks, ref, other))}")
     finally:
@@ -195,7 +200,7 @@ def report(a, base: list[str], files: dict[str, Path], runs: list[dict], loops: 
         ref = per["plain"][0]["rows"]
         diff = sorted({d for m in ("lookup", "lookup-history") for r in per[m] for d in parted(ref, r["rows"])})
         items = {json.loads(x)["id"]: json.loads(x) for x in files[wl].read_text().splitlines() if x.strip()}
-        why = verdicts(base[:2], items, {r["id"]: r["text"] for r in ref}, diff)
+        why = verdicts(base[:2], items, {r["id"]: r["text"] for r in ref}, diff, a.max_tokens)
         notes += [f"- {wl} {v}" for v in why]
         last = per["lookup-history"][-1]["spec"]
         summary[wl] = {"lookup/plain": lp, "history/plain": hp, "history/lookup": hl,
