@@ -43,8 +43,9 @@ def test_bench_draft_auto_on_the_default_profile(real_model, tmp_path):
     assert rep["target"] == target and rep["draft"] == draft
     assert rep["placement"]["drafter"] == "hybrid"
     modes = rep["modes"]
-    # the default --modes, as far as this pair allows (no MTP layers): plain decoding, lookup, model, hybrid
-    assert list(modes) == ["none", "lookup", "model", "hybrid"]
+    # the default --modes, as far as this pair allows (no MTP layers): plain decoding, lookup, lookup
+    # with the suite's earlier answers, model, hybrid
+    assert list(modes) == ["none", "lookup", "lookup-history", "model", "hybrid"]
     base = modes["none"]["tokens_per_s"]
     for m, r in modes.items():
         assert r["error"] == "" and r["tokens"] > 0, m
