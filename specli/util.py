@@ -1,7 +1,9 @@
-"""Small helpers every layer uses: where specli keeps its files, and how a size is written."""
+"""Small helpers every layer uses: where specli keeps its files, how a cache record is written,
+and how a size is written."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -16,6 +18,18 @@ def cache_root() -> Path:
 def cache_dir() -> Path:
     """Where models fetched from wheels are assembled."""
     return cache_root() / "models"
+
+
+def store_json(path: Path, obj, indent: int | None = None) -> None:
+    """A cache record written whole or not at all (a temporary file, then renamed); a full or
+    read-only disk only costs computing the record again next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(obj, indent=indent))
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def fmt_size(n: int) -> str:

@@ -119,14 +119,8 @@ def _remembered() -> dict:
 
 
 def _remember(curves: dict) -> None:
-    p = _advice_file()
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(curves))
-        os.replace(tmp, p)
-    except OSError:
-        pass  # a read-only cache only costs the header reads next time
+    from specli.util import store_json
+    store_json(_advice_file(), curves)  # a read-only cache only costs the header reads next time
 
 
 def cheaper_quant(ref: str | None, h: GGUFHeader, path: str | None, table: dict | None = None,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from specli.engine import Context, system_info
 from specli.speculate.controller import best_length
-from specli.util import cache_root
+from specli.util import cache_root, store_json
 
 CALIBRATION_VERSION = 2
 
@@ -86,14 +86,7 @@ def _load() -> dict:
 def _store(key: str, value) -> None:
     d = _load()
     d[key] = value
-    p = _path()
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(d, indent=1))
-        os.replace(tmp, p)
-    except OSError:
-        pass  # a read-only cache only costs a calibration next time
+    store_json(_path(), d, indent=1)  # a read-only cache only costs a calibration next time
 
 
 def _block(ctx: Context, n: int) -> list[int]:

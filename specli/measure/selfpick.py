@@ -26,6 +26,7 @@ from specli.resolve.derive import EARLY_EXIT, LAYER_SKIP, Layers, SelfSpec
 from specli.resolve.gguf_header import GGUFHeader, read_gguf
 from specli.resolve.integrity import cached_sha256
 from specli.speculate.settings import SpecSettings
+from specli.util import store_json
 
 PAYS = 1.05  # --draft auto takes a derived draft only when its priced speed beats plain decoding by this
 MIN_AUTO_LAYERS = 8  # --draft auto derives none from a model of fewer layers: it has none to spare
@@ -188,14 +189,7 @@ def load_choice(target: str) -> dict:
 
 
 def _store_choice(target: str, record: dict) -> None:
-    p = _choice_path(target)
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(record, indent=1))
-        os.replace(tmp, p)
-    except OSError:
-        pass  # a read-only cache only costs a measurement next time
+    store_json(_choice_path(target), record, indent=1)  # a read-only cache only costs a measurement next time
 
 
 def report(target: str, own: SelfSpec, progress: Callable[[str], None] | None = None) -> list[str]:
