@@ -114,16 +114,14 @@ class History:
             self.tokens += len(toks)
             base = serial << _SHIFT
             index = self.index
-            for n in KEYS:
-                for e in range(n, len(toks)):
-                    g = hash(tuple(toks[e - n:e]))
-                    occ = index.get(g)
-                    if occ is None:
-                        index[g] = base | e
-                    elif isinstance(occ, int):
-                        index[g] = [occ, base | e]
-                    else:
-                        occ.append(base | e)
+            for g, e in _grams(toks):
+                occ = index.get(g)
+                if occ is None:
+                    index[g] = base | e
+                elif isinstance(occ, int):
+                    index[g] = [occ, base | e]
+                else:
+                    occ.append(base | e)
             while self.answers and ((b.answers is not None and len(self.answers) > b.answers)
                                     or (b.tokens is not None and self.tokens > b.tokens)):
                 self._evict_oldest()
@@ -134,22 +132,20 @@ class History:
         self.tokens -= len(toks)
         self.evicted += 1
         index = self.index
-        for n in KEYS:
-            for e in range(n, len(toks)):
-                g = hash(tuple(toks[e - n:e]))
-                occ = index.get(g)
-                if occ is None:
-                    continue  # the answer's earlier occurrence of g took them all
-                if isinstance(occ, int):
-                    if occ >> _SHIFT == serial:
-                        del index[g]
-                    continue
-                k = 0
-                while k < len(occ) and occ[k] >> _SHIFT == serial:
-                    k += 1
-                del occ[:k]
-                if len(occ) == 1:
-                    index[g] = occ[0]
+        for g, _ in _grams(toks):
+            occ = index.get(g)
+            if occ is None:
+                continue  # the answer's earlier occurrence of g took them all
+            if isinstance(occ, int):
+                if occ >> _SHIFT == serial:
+                    del index[g]
+                continue
+            k = 0
+            while k < len(occ) and occ[k] >> _SHIFT == serial:
+                k += 1
+            del occ[:k]
+            if len(occ) == 1:
+                index[g] = occ[0]
 
     def find(self, tail: Sequence[int], max_len: int) -> tuple[list[int], int]:
         """(drafted tokens, length of the match) for a context ending in ``tail``; ([], 0)
@@ -231,3 +227,10 @@ class Histories:
             if h is None:
                 h = self._by_owner[owner] = History(self.bound)
             return h
+
+
+def _grams(toks: Sequence[int]):
+    """(key, end) of every indexed n-gram of an answer (n in :data:`KEYS`) that has a token after it."""
+    for n in KEYS:
+        for e in range(n, len(toks)):
+            yield hash(tuple(toks[e - n:e])), e
