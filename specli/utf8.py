@@ -22,3 +22,16 @@ def decode_utf8(data: bytes, what: str, convert: str) -> str:
         enc = guess_source_encoding(data)
         raise SpecliError(f"{what} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); specli "
                           f"expects UTF-8: convert it first, e.g. {convert.format(enc=enc)}") from None
+
+
+def read_utf8(path: str, what: str, convert: str) -> str:
+    """The text of the file ``path`` (``what`` names it in the one-line errors: "prompt file",
+    "batch file"), decoded as :func:`decode_utf8` does."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise SpecliError(f"{what} not found: {path}") from None
+    except OSError as e:
+        raise SpecliError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    return decode_utf8(data, f"{what} {path}", convert)

@@ -16,7 +16,7 @@ from specli.batchjob.output import InOrder, ResultFile, Sink, StdoutSink
 from specli.batchjob.progress import BatchProgress
 from specli.batchjob.runner import Defaults, ParallelRun, Prepared, prepare, run_serial
 from specli.errors import SpecliError
-from specli.utf8 import decode_utf8
+from specli.utf8 import decode_utf8, read_utf8
 
 STRICT_EXIT = 2
 
@@ -37,14 +37,7 @@ def read_source(source: str) -> str:
         if stream is None:
             return sys.stdin.read()
         return decode_utf8(stream.read(), "standard input", "iconv -f {enc} -t UTF-8 items.jsonl | specli run ...")
-    try:
-        with open(source, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise SpecliError(f"batch file not found: {source}") from None
-    except OSError as e:
-        raise SpecliError(f"cannot read batch file {source}: {e.strerror or e}") from None
-    return decode_utf8(data, f"batch file {source}", f"iconv -f {{enc}} -t UTF-8 {source} > items-utf8.jsonl")
+    return read_utf8(source, "batch file", f"iconv -f {{enc}} -t UTF-8 {source} > items-utf8.jsonl")
 
 
 class _Job:

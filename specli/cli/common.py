@@ -17,7 +17,7 @@ from specli.options import Options
 from specli.resolve.profiles import DEFAULT_KEYS
 from specli.speculate.history import parse_bound
 from specli.speculate.settings import DEFAULTS, SpecSettings
-from specli.utf8 import decode_utf8
+from specli.utf8 import decode_utf8, read_utf8
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
@@ -89,14 +89,7 @@ def read_prompt(prompt: str | None, file: str | None) -> str:
     if prompt is not None:
         text = prompt
     elif file is not None:
-        try:
-            with open(file, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            raise SpecliError(f"prompt file not found: {file}") from None
-        except OSError as e:
-            raise SpecliError(f"cannot read prompt file {file}: {e.strerror or e}") from None
-        text = decode_utf8(data, f"prompt file {file}", f"iconv -f {{enc}} -t UTF-8 {file} > prompt-utf8.txt")
+        text = read_utf8(file, "prompt file", f"iconv -f {{enc}} -t UTF-8 {file} > prompt-utf8.txt")
     else:
         if sys.stdin is None or sys.stdin.isatty():
             raise SpecliError("no prompt: pipe text in (specli run < prompt.txt), or use --prompt or --file")
