@@ -9,7 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 from clihelp import specli
-from constrainhelp import EMAIL
+from constrainhelp import CHEAP_VERIFY, EMAIL, SCHEMA
 from exacthelp import CFG, PROMPTS, grounded_prompt
 from stathelp import chi2_critical, chi2_stat
 
@@ -23,20 +23,6 @@ from specli.speculate.loop import generate
 from specli.speculate.settings import SpecSettings
 from specli.speculate.source import FORCED, Draft
 from specli.speculate.verify import SamplingParams, probs_from_logits
-
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 12},
-        "age": {"type": "integer", "minimum": 0, "maximum": 150},
-        "role": {"enum": ["admin", "editor", "viewer"]},
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3},
-    },
-    "required": ["name", "age", "role", "tags"],
-    "additionalProperties": False,
-}
-# a cheap verify curve (a block of k+1 tokens costs 1 + k/10 of one): the controller drafts
-CHEAP_VERIFY = [1.0 + k / 10 for k in range(17)]
 
 
 def run(tm, prompt, drafter, constraint, k=6, params=SamplingParams(), n=120, ctx=None):

@@ -7,7 +7,7 @@ fewer rows ask for logits; with logprobs every row does."""
 import numpy as np
 import pytest
 from batchhelp import run_together
-from constrainhelp import EMAIL
+from constrainhelp import CHEAP_VERIFY, EMAIL, SCHEMA
 from exacthelp import CFG, PROMPTS, grounded_prompt
 
 from specli.constrain import Constraint
@@ -21,18 +21,6 @@ from specli.speculate.loop import generate
 from specli.speculate.settings import SpecSettings
 from specli.speculate.verify import Sampler, SamplingParams, accept, logits_needed
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 12},
-        "age": {"type": "integer", "minimum": 0, "maximum": 150},
-        "role": {"enum": ["admin", "editor", "viewer"]},
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3},
-    },
-    "required": ["name", "age", "role", "tags"],
-    "additionalProperties": False,
-}
-CHEAP_VERIFY = [1.0 + k / 10 for k in range(17)]
 SAMPLED = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, seed=11)
 
 
