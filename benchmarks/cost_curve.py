@@ -41,6 +41,7 @@ def main() -> None:
     ap.add_argument("--kernels", action="store_true", help="with --predict: time the per-type kernels afresh")
     ap.add_argument("--report", default=os.path.join(os.path.dirname(__file__), "results"),
                     help="with --predict: the folder the report goes to")
+    ap.add_argument("--rounds", type=int, default=3, help="with --predict: measured curves per file")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--gpu-layers", type=int, default=0)
     ap.add_argument("--k-max", type=int, default=32)
@@ -51,7 +52,7 @@ def main() -> None:
     if a.predict:
         from cost_predict import compare  # benchmarks/, beside this script
 
-        compare(a.target or list(PREDICT_TARGETS), a.threads, a.gpu_layers, a.kernels, a.report)
+        compare(a.target or list(PREDICT_TARGETS), a.threads, a.gpu_layers, a.kernels, a.report, a.rounds)
         return
     m = Model(models.resolve((a.target or [DEFAULT_TARGET])[-1], progress=print), n_gpu_layers=a.gpu_layers)
     ctx = Context(m, ContextConfig(n_ctx=4096, n_threads=a.threads))

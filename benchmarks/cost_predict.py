@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import time
 
 from specli.engine import Context, ContextConfig, Model, system_info
@@ -18,30 +19,36 @@ from specli.resolve.gguf_header import read_gguf
 GOAL = 0.15  # the prediction's largest relative error allowed at any block size
 
 
-def measured_curve(path: str, threads: int, gpu_layers: int) -> list[float]:
-    """cost(k + 1) / cost(1), k = 0..K_MAX, timed here (no cache)."""
+def measured_curve(path: str, threads: int, gpu_layers: int, reps: int = 7) -> list[float]:
+    """cost(k + 1) / cost(1), k = 0..K_MAX, every block size timed here (no cache, nothing
+    interpolated: the kernels' row tiles make the curve a sawtooth), each the median of ``reps``
+    rounds after 256 cached tokens, logits for every row (as a verify pass asks)."""
     m = Model(path, n_gpu_layers=gpu_layers)
     try:
         ctx = Context(m, ContextConfig(n_ctx=4096, n_threads=threads))
-        secs = calibrate.verify_costs(ctx, K_MAX, reps=5, use_cache=False)
+        times = calibrate.block_timings(ctx, list(range(1, K_MAX + 2)), reps, depth=256)
         ctx.close()
     finally:
         m.close()
-    return [s / secs[0] for s in secs]
+    med = [statistics.median(times[n]) for n in range(1, K_MAX + 2)]
+    return [s / med[0] for s in med]
 
 
-def one_file(ref: str, table: dict, threads: int, gpu_layers: int) -> dict:
-    path = models.resolve(ref, progress=print)
+def one_file(ref: str, path: str, table: dict, curves: list[list[float]]) -> dict:
+    """A file's predicted curve against its measured ones (the median of the rounds, and their
+    range: the measurement's own spread on this machine)."""
     h = read_gguf(path)
     predicted = verify_curve(h, table)
-    measured = measured_curve(path, threads, gpu_layers)
+    measured = [statistics.median(c[k] for c in curves) for k in range(len(predicted))]
     errors = [abs(p - m) / m for p, m in zip(predicted, measured, strict=True)]
     types: dict[str, int] = {}
     for t in h.tensors:
         types[t.type_name] = types.get(t.type_name, 0) + (t.nbytes or 0)
     return {"ref": ref, "file": os.path.basename(path), "bytes_by_type": types,
             "predicted": [round(x, 3) for x in predicted], "measured": [round(x, 3) for x in measured],
-            "max_error": round(max(errors), 3), "within_goal": max(errors) <= GOAL,
+            "measured_rounds": [[round(x, 3) for x in c] for c in curves],
+            "max_error": round(max(errors), 3), "mean_error": round(statistics.mean(errors[1:] or [0.0]), 3),
+            "within_goal": max(errors) <= GOAL,
             "ceiling_predicted": round(Prediction(predicted).best[1], 3),
             "ceiling_measured": round(Prediction(measured).best[1], 3)}
 
@@ -49,6 +56,9 @@ def one_file(ref: str, table: dict, threads: int, gpu_layers: int) -> dict:
 def markdown(rows: list[dict], meta: dict) -> str:
     out = [f"# Verify curve: predicted from the header vs measured ({meta['date']})", "",
            f"Machine: {meta['machine']}, {meta['threads']} threads. llama.cpp: {meta['system']}", "",
+           f"Each file's curve measured in {meta['rounds']} rounds, the files in turn (every block size timed, "
+           "7 passes each after 256 cached tokens, logits for every row); the median is compared, the range "
+           "is the measurement's own spread.", "",
            f"Goal: the prediction within {GOAL:.0%} of the measurement at every block of 1..{K_MAX + 1} tokens.", ""]
     for r in rows:
         verdict = "met" if r["within_goal"] else f"missed (largest error {r['max_error']:.0%})"
@@ -56,18 +66,26 @@ def markdown(rows: list[dict], meta: dict) -> str:
                     f"{t} {b / 2**20:.0f} MiB" for t, b in sorted(r["bytes_by_type"].items(), key=lambda p: -p[1])),
                 f"ceiling with perfect drafts: predicted {r['ceiling_predicted']:.2f}×, measured "
                 f"{r['ceiling_measured']:.2f}×; goal {verdict}", "",
-                "| block (k+1) | predicted | measured | error |", "|---|---|---|---|"]
-        out += [f"| {k + 1} | {p:.2f} | {m:.2f} | {abs(p - m) / m:.0%} |"
+                f"mean error over blocks of 2..{K_MAX + 1}: {r['mean_error']:.0%}", "",
+                "| block (k+1) | predicted | measured (median) | measured range | error |", "|---|---|---|---|---|"]
+        out += [f"| {k + 1} | {p:.2f} | {m:.2f} | {min(c[k] for c in r['measured_rounds']):.2f}–"
+                f"{max(c[k] for c in r['measured_rounds']):.2f} | {abs(p - m) / m:.0%} |"
                 for k, (p, m) in enumerate(zip(r["predicted"], r["measured"], strict=True))]
         out.append("")
     return "\n".join(out)
 
 
-def compare(refs: list[str], threads: int, gpu_layers: int, fresh_kernels: bool, folder: str) -> list[dict]:
+def compare(refs: list[str], threads: int, gpu_layers: int, fresh_kernels: bool, folder: str,
+            rounds: int = 3) -> list[dict]:
     table = kernels.costs(measure_now=fresh_kernels or calibrate.kernel_table() is None, progress=print)
-    rows = [one_file(ref, table, threads, gpu_layers) for ref in refs]
+    paths = [models.resolve(ref, progress=print) for ref in refs]
+    curves: list[list[list[float]]] = [[] for _ in paths]
+    for _ in range(rounds):  # the files measured in turn, round after round: a drift hits them alike
+        for i, p in enumerate(paths):
+            curves[i].append(measured_curve(p, threads, gpu_layers))
+    rows = [one_file(ref, p, table, c) for ref, p, c in zip(refs, paths, curves, strict=True)]
     meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{platform.machine()} {platform.processor()}",
-            "threads": threads, "system": system_info(), "kernels": table}
+            "threads": threads, "system": system_info(), "kernels": table, "rounds": rounds}
     os.makedirs(folder, exist_ok=True)
     base = os.path.join(folder, "cost_curve_predicted")
     with open(base + ".json", "w") as f:

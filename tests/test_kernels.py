@@ -73,8 +73,18 @@ def test_probe_models_are_one_type_each(tmp_path):
     for t in ("Q4_0", "Q6_K"):
         h = read_gguf(str(next(tmp_path.glob(f"probe-*-{t}.gguf"))))
         assert {x.type_name for x in h.tensors if len(x.shape) > 1} == {t}
-        assert len(table["types"][t]) == len(ROWS) and all(c > 0 for c in table["types"][t])
-    assert table["rows"] == ROWS and len(timings) == 2 * len(ROWS)
+        assert len(table["types"][t]) == len(kernels.ROWS) and all(c > 0 for c in table["types"][t])
+    # every row count from 1 to 16 (the kernels' row tiles), and 32
+    assert table["rows"] == [*range(1, 17), 32] and len(timings) == 2 * len(kernels.ROWS)
+
+
+def test_without_a_folder_the_probes_are_made_and_removed(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECLI_CACHE", str(tmp_path / "cache"))
+    shape = kernel_models.Shape(d=256, ff=256, n_layer=1, n_head=4, n_vocab=512)
+    table, timings = kernels.measure(("Q4_0",), shape, reps=3)
+    assert set(table["types"]) == {"Q4_0"}
+    assert all(len(ts) == 2 for ts in timings)  # the slowest of the 3 rounds left out of the guard's input
+    assert not list((tmp_path / "cache").rglob("*.gguf"))
 
 
 def test_benchmark_report_compares_predicted_and_measured(monkeypatch, tmp_path):

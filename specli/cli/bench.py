@@ -15,7 +15,7 @@ from specli.cli.common import (
     GpuLayersOpt,
     LookupHistoryOpt,
     ProfileOpt,
-    TargetOpt,
+    TargetsOpt,
     Terminated,
     ThreadsOpt,
     VramOpt,
@@ -35,6 +35,8 @@ Examples:
   specli bench --target model.gguf --draft lookup --suite grounded --json --out report.json
 
   specli bench --target model.gguf --suite my_prompts.yaml --modes none,lookup --repeat 2
+
+  specli bench --target model-Q4_K_M.gguf --target model-Q4_0.gguf --suite grounded --modes none,lookup
 """
 
 
@@ -42,7 +44,7 @@ Examples:
 @one_line_errors
 def bench(
     click_ctx: typer.Context,
-    target: TargetOpt = None,
+    target: TargetsOpt = None,
     profile: ProfileOpt = None,
     draft: DraftOpt = "auto",
     suite: str = typer.Option("code,grounded,chat,unpredictable", "--suite", "-s",
@@ -69,24 +71,44 @@ def bench(
                                      help="Also time llama-cpp-python's own LlamaPromptLookupDecoding."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     out: str | None = typer.Option(None, "--out", "-o", help="Write the JSON report to this file."),
+    reference: str | None = typer.Option(None, "--reference",
+                                         help="With several --target files: the file whose log-probabilities "
+                                              "score their answers to the quality sample (default: the one with "
+                                              "the most bits per weight among them and the same model's files "
+                                              "on disk, Q8_0 or better where there is one)."),
 ):
-    """Plain vs speculative decoding side by side: speed, acceptance, and proof the text is the same."""
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from specli.measure.bench import LCP, parse_modes, run_bench
-    from specli.measure.suite import load_suite
-    from specli.session import Session
+    """Plain vs speculative decoding side by side: speed, acceptance, and proof the text is the same.
+    Several --target files of one model (two quants) are compared side by side in one run."""
+    from specli.measure.bench import LCP, parse_modes
 
     mode_list = parse_modes(modes)  # a wrong name fails before any model loads
     if compare_lcp:
         mode_list.append(LCP)
     opts = model_options(click_ctx)
+    targets = list(target or [])
+    opts.target = targets[0] if targets else None
+    suites = _suites(suite)
+    if len(targets) > 1:
+        from specli.cli.compare import compare_files
+        compare_files(opts, targets, reference, suites, mode_list, max_tokens, repeat, as_json, out)
+        return
+    if reference:
+        raise SpecliError("--reference scores several --target files against each other: give two or more")
+    _bench_one(opts, suites, mode_list, max_tokens, repeat, as_json, out)
+
+
+def _bench_one(opts, suites: list, mode_list: list[str], max_tokens: int, repeat: int, as_json: bool,
+               out: str | None) -> None:
+    """One target: every mode over every suite, a table per suite (or JSON)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from specli.measure.bench import run_bench
+    from specli.session import Session
+
     sess = Session(opts, progress=err, build_drafter=False)
     for note in opts.notes:
         err(note)
-    suites = [load_suite(s.strip()) for s in suite.split(",") if s.strip()] if not os.path.exists(suite) \
-        else [load_suite(suite)]
     console = Console(stderr=True)
     reports: list = []
     partial: list = []  # the suite being measured, as far as it got
@@ -121,6 +143,15 @@ def bench(
         return
     from specli.measure.report import render_tables
     render_tables(reports, Console(width=None if sys.stdout.isatty() else 160))
+
+
+def _suites(suite: str):
+    """``--suite``: shipped suite names, comma-separated, or one file."""
+    from specli.measure.suite import load_suite
+
+    if os.path.exists(suite):
+        return [load_suite(suite)]
+    return [load_suite(s.strip()) for s in suite.split(",") if s.strip()]
 
 
 def write_report(path: str, data: list[dict], n_suites: int) -> None:

@@ -44,10 +44,6 @@ class Alternative:
     pred: Prediction
 
 
-def _same_model(a: local.Summary, b: local.Summary) -> bool:
-    return (a.architecture, a.params, a.tokenizer, a.family) == (b.architecture, b.params, b.tokenizer, b.family)
-
-
 def local_alternatives(h: GGUFHeader, path: str | None, table: dict,
                        models: list[local.LocalModel] | None = None) -> list[Alternative]:
     """The same model in the local stores, other files, with their predicted curves."""
@@ -57,7 +53,7 @@ def local_alternatives(h: GGUFHeader, path: str | None, table: dict,
     for m in local.scan() if models is None else models:
         if not m.ok or m.same_as or not m.summary or not m.path or os.path.realpath(m.path) == own:
             continue
-        if not _same_model(mine, m.summary):
+        if not local.same_model(mine, m.summary):
             continue
         try:
             p = predict(read_gguf(m.path), table)

@@ -1,15 +1,19 @@
-"""What a batched pass costs per weight type on this machine: each type's tiny model
-(:mod:`specli.hardware.kernel_models`) timed through llama.cpp at 1, 2, 4, 8, 16 and 32 rows,
-once per machine and llama.cpp build, cached beside the calibration (with its busy-machine
-guard). The table prices a weight of each type at each row count; :mod:`specli.hardware.predict`
-turns it into any file's verify curve from its header alone.
+"""What a batched pass costs per weight type on this machine: each type's probe model
+(:mod:`specli.hardware.kernel_models`) timed through llama.cpp at every row count from 1 to 16
+and at 32, once per machine and llama.cpp build, cached beside the calibration (with its
+busy-machine guard). Every count, not only 1, 2, 4, 8, 16: the batched kernels work in tiles of
+rows (a repacked Q4_0 in 4-row tiles on AVX-512), so a pass of 4 rows can cost less than one
+of 3, and a curve read off powers of two missed that by up to 40 %. The table prices a weight
+of each type at each row count; :mod:`specli.hardware.predict` turns it into any file's verify
+curve from its header alone.
 
-Table (JSON): ``{"rows": [1, 2, 4, 8, 16, 32], "types": {"Q4_0": [seconds per weight at each
+Table (JSON): ``{"rows": [1, 2, ..., 16, 32], "types": {"Q4_0": [seconds per weight at each
 row count], ...}, "threads": N}``."""
 
 from __future__ import annotations
 
 import statistics
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,11 +22,12 @@ from specli.hardware import calibrate, kernel_models
 from specli.hardware.predict import per_weight
 from specli.util import cache_root
 
-ROWS = (1, 2, 4, 8, 16, 32)
+ROWS = (*range(1, 17), 32)
+REPS = 7  # rounds per row count; the slowest of each is dropped before the busy-machine guard
 CHEAP = 3.0  # a type whose 8 rows cost at most this many single rows "verifies cheaply"
 
 
-def time_type(path: str, shape: kernel_models.Shape, rows=ROWS, reps: int = 3,
+def time_type(path: str, shape: kernel_models.Shape, rows=ROWS, reps: int = REPS,
               threads: int | None = None) -> tuple[list[float], list[list[float]]]:
     """Seconds per weight of one type's model at each row count (the median of ``reps``), and
     the raw timings (for the busy-machine guard)."""
@@ -40,21 +45,30 @@ def time_type(path: str, shape: kernel_models.Shape, rows=ROWS, reps: int = 3,
 
 
 def measure(types: tuple[str, ...] = kernel_models.TYPES, shape: kernel_models.Shape = kernel_models.DEFAULT_SHAPE,
-            reps: int = 3, threads: int | None = None, folder: Path | None = None,
+            reps: int = REPS, threads: int | None = None, folder: Path | None = None,
             progress: Callable[[str], None] | None = None) -> tuple[dict, list[list[float]]]:
-    """Time every type; returns the table and every timing taken."""
-    folder = folder or cache_root() / "kernel-probes"
+    """Time every type; returns the table and, per type and row count, the timings the
+    busy-machine guard judges: every round's but the slowest (one round a neighbour slowed is
+    not a busy machine). Without ``folder``, the probe models (1.5 GB for all types) are made in
+    a temporary folder of specli's cache and removed afterwards: they serve this measurement
+    only, and are made again (in a minute) if the machine is measured again."""
+    if folder is None:
+        cache_root().mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="kernel-probes-", dir=cache_root()) as tmp:
+            return measure(types, shape, reps, threads, Path(tmp), progress)
     Model(str(_f32(folder, shape)), vocab_only=True).close()  # llama.cpp logs to specli before it quantises
+    if progress:
+        progress(f"making the probe models ({', '.join(types)}) with llama.cpp's quantizer")
     paths = kernel_models.probe_models(folder, types, shape, threads)
     table: dict = {"rows": list(ROWS), "types": {}, "threads": threads or 0,
                    "shape": [shape.d, shape.ff, shape.n_layer, shape.n_vocab]}
     timings: list[list[float]] = []
     for t, p in paths.items():
         if progress:
-            progress(f"timing {t} at {', '.join(map(str, ROWS))} rows")
+            progress(f"timing {t} at 1-16 and 32 rows")
         per_weight, raw = time_type(str(p), shape, ROWS, reps, threads)
         table["types"][t] = per_weight
-        timings += raw
+        timings += [sorted(ts)[:-1] if len(ts) > 2 else ts for ts in raw]
     return table, timings
 
 

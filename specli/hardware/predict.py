@@ -71,10 +71,11 @@ def pass_cost(weights: list[tuple[str, str, float]], table: dict, rows: int) -> 
 
 
 def verify_curve(h: GGUFHeader, table: dict, k_max: int = K_MAX) -> list[float]:
-    """cost(k + 1 rows) / cost(1 row), k = 0..k_max; never falling as the block grows."""
+    """cost(k + 1 rows) / cost(1 row), k = 0..k_max. It may fall where the kernels' row tiles
+    fill up (a repacked Q4_0 file verifies 4 tokens for less than 3), as the measured curve does."""
     w = matmul_weights(h)
     one = pass_cost(w, table, 1) or 1.0
-    return list(itertools.accumulate((pass_cost(w, table, k + 1) / one for k in range(k_max + 1)), max))
+    return [pass_cost(w, table, k + 1) / one for k in range(k_max + 1)]
 
 
 def ceiling(curve: list[float]) -> tuple[int, float]:

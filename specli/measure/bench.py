@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -166,14 +166,14 @@ def run_bench(sess: Session, suite: Suite, modes: list[str], max_tokens: int = 1
     for m in modes:
         if m != LCP:
             registry.mode(m)  # an unknown name is an error, not a mode quietly left out
-    run = _BenchRun(sess, suite, modes, max_tokens, repeat, progress, chat, on_result)
+    run = BenchRun(sess, suite, modes, max_tokens, repeat, progress, chat, on_result)
     run.warm_up()
     for rep in range(repeat):
         run.round(rep)
     return run.report()
 
 
-class _BenchRun:
+class BenchRun:
     """One ``run_bench``: its modes, prompts, results so far and the greedy outputs compared."""
 
     def __init__(self, sess: Session, suite: Suite, modes: list[str], max_tokens: int, repeat: int,
@@ -278,6 +278,12 @@ class _BenchRun:
     def round(self, rep: int) -> None:
         """The measured runs, interleaved: in each round every mode runs a different prompt, so
         slow drifts of the machine hit every mode alike."""
+        for _ in self.steps(rep):
+            pass
+
+    def steps(self, rep: int) -> Iterator[None]:
+        """Round ``rep``, one measured run per step (``compare`` interleaves the rounds of
+        several targets step by step)."""
         self.histories.clear()  # no prompt finds its own answer (nor the warm-up's) in history
         for sp_i, mode in schedule(self.live, len(self.prompts)):
             sp, toks = self.prompts[sp_i]
@@ -287,6 +293,7 @@ class _BenchRun:
             self._step(mode, sp.id, lambda mode=mode, sp=sp, toks=toks: self.measure(mode, sp, toks, rep == 0))
             if self.on_result:
                 self.on_result(self.report())
+            yield
 
 
 def _compare(ctx, outputs: dict, results: dict[str, ModeResult]) -> None:

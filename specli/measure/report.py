@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from specli.measure.bench import BenchReport
+from specli.measure.bench import PLAIN, BenchReport
+from specli.measure.compare import Comparison
 
 COLUMNS = ("mode", "tok/s", "speedup", "drafted", "accepted", "history", "accept %", "mean acc.", "draft time",
            "peak RSS", "same text")
@@ -65,3 +68,49 @@ def markdown(reports: list[BenchReport]) -> str:
             out.extend(f"- {m}" + (f" on `{pid}`" if pid else "") + f": {v}" for m, pid, v in diffs)
         out.append("")
     return "\n".join(out)
+
+
+def _comparison_rows(cmp: Comparison, suite: int):
+    """A row per file: its quant, predicted verify cost, plain speed, each mode over that file's
+    plain (and the first file's plain), and the reference's score of its answers."""
+    modes = [m for m in cmp.files[0].reports[suite].results if m != PLAIN]
+    first = cmp.files[0].plain(suite)
+    head = ["file", "quant", "bits/w", "verify 4 / 8 (pred.)", "plain tok/s", *modes, "quality (logprob)"]
+    rows = []
+    for f in cmp.files:
+        res = f.reports[suite].results
+        plain = f.plain(suite)
+        pred = f"{f.prediction.at(4):.1f}× / {f.prediction.at(8):.1f}×" if f.prediction else "—"
+        cells = [os.path.basename(f.path), f.quant, f"{f.bits:.2f}", pred,
+                 f"{plain:.1f}" + (f" ({plain / first:.2f}×)" if first and f is not cmp.files[0] else "")]
+        for m in modes:
+            r = res.get(m)
+            if r is None or not r.tokens:
+                cells.append("—")
+                continue
+            own = f"{r.speedup:.2f}×" if r.speedup else "—"
+            cells.append(f"{r.tokens_per_s:.1f} ({own}" + (f", {r.tokens_per_s / first:.2f}× first" if first else "")
+                         + ")")
+        cells.append("—" if f.quality is None else f"{f.quality:.3f}")
+        rows.append(cells)
+    return head, rows
+
+
+def render_comparison(cmp: Comparison, console: Console) -> None:
+    """Each file's tables (:func:`render_tables`), then the files side by side per suite."""
+    for f in cmp.files:
+        console.print(f"[bold]{escape(os.path.basename(f.path))}[/]")
+        render_tables(f.reports, console)
+    for i, rep in enumerate(cmp.files[0].reports):
+        head, rows = _comparison_rows(cmp, i)
+        t = Table(title=f"files compared · suite {rep.suite} · tok/s (× that file's plain, × the first file's plain)",
+                  title_justify="left")
+        for c in head:
+            t.add_column(c, justify="left" if c in ("file", "quant") else "right")
+        for r in rows:
+            t.add_row(*map(escape, r))
+        console.print(t)
+    if cmp.reference is not None:
+        console.print(f"quality: mean log-probability per token that {escape(os.path.basename(cmp.reference.path))} "
+                      f"({cmp.reference.quant}) gives each file's greedy answers to the shipped sample "
+                      "(closer to 0 is better)", highlight=False, soft_wrap=True)

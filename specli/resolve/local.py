@@ -101,6 +101,11 @@ def summarise(h: GGUFHeader) -> Summary:
                    dataclasses.replace(v, tokens=()), h.head_kind or "")
 
 
+def same_model(a: Summary, b: Summary) -> bool:
+    """Two files of one model (another quant, say): the same architecture, size, tokenizer and family."""
+    return (a.architecture, a.params, a.tokenizer, a.family) == (b.architecture, b.params, b.tokenizer, b.family)
+
+
 # what a remembered summary was judged against (usable MTP, loadable): another llama.cpp, read again
 # (and summaries without the head kind)
 _TABLES = hashlib.sha256(repr((sorted(MTP_ARCHITECTURES), sorted(LLAMA_ARCHITECTURES), "heads")).encode()
