@@ -175,7 +175,8 @@ def _checks(sess, toks: dict, results: dict, prompts: list[dict]) -> dict:
                 d = divergence(sess.ctx, toks[pid], plain["tokens"], run["tokens"])
                 verdicts.append("identical" if d is None and len(run["tokens"]) == len(plain["tokens"])
                                 else d.describe() if d else "a prefix")
-            checks[m][pid] = "identical" if all(v == "identical" for v in verdicts) else "; ".join(verdicts)
+            checks[m][pid] = "identical" if all(v == "identical" for v in verdicts) else \
+                "; ".join(dict.fromkeys(verdicts))  # each round's verdict once (rounds often part alike)
     return checks
 
 

@@ -103,3 +103,29 @@ def test_hub_header_is_priced_remotely_check_and_pull(home, quants, tmp_path):
         assert srv.state.served["probe-q4_0.gguf"] == read  # its curve was remembered
         assert rc == 0 and "8 tokens 8.0×" in err and f"--target {REPO}:Q4_0" in err, out + err
         assert out.strip().endswith("probe-q6_k.gguf")  # stdout: the path alone
+
+
+def test_a_profile_names_its_cpu_file_on_a_cpu(home, tmp_path):
+    """A profile's cpu_target is named on a CPU run when the installed table says its type
+    verifies cheaply here; never with another --target, never without a table, never switched."""
+    env, models = home
+    target = str(models / "probe-q6_k.gguf")
+    prof = tmp_path / "probe.yaml"
+    prof.write_text(f"name: probe\ntarget: {target}\ncpu_target: {REPO}:Q4_0\ndrafts: [lookup]\n")
+    run = ["run", "--draft", "none", "-p", "hello", "-n", "2", "--gpu-layers", "0"]
+    rc, out, err = specli(*run, "--profile", str(prof), env=env)
+    assert rc == 0, err
+    assert "profile probe names a CPU file of this model, Q4_0" in err and f"--target {REPO}:Q4_0" in err
+    assert "8 tokens cost 2.0× one token" in err
+    rc, out, err = specli(*run, "--profile", str(prof), "--target", target, env=env)
+    assert rc == 0 and "CPU file" not in err, err  # the user named the file
+    rc, out, err = specli("profiles", "show", str(prof), env=env)
+    assert rc == 0 and f"cpu file:    {REPO}:Q4_0" in out, out + err
+    # a table where Q4_0 is no cheaper than Q6_K here: nothing to say
+    steep = {"rows": ROWS, "types": {"Q4_0": [1e-9 * r for r in ROWS], "Q6_K": [2e-9 * r for r in ROWS]}}
+    calibrate.install_kernels(steep)
+    rc, out, err = specli(*run, "--profile", str(prof), env=env)
+    assert rc == 0 and "CPU file" not in err, err
+    prof.write_text(f"name: probe\ntarget: {target}\ncpu_target: mtp\n")
+    rc, out, err = specli(*run, "--profile", str(prof), env=env)
+    assert rc != 0 and "cpu_target must be a model" in err and len(err.strip().splitlines()) == 1, err

@@ -177,6 +177,8 @@ def profiles_show(name: str = typer.Argument(..., help="Profile name.")):
             print(f"  - {src}")
         if spec.sha256:
             print(f"  sha256: {spec.sha256}")
+    if p.cpu_target is not None:
+        print(f"cpu file:    {p.cpu_target.ref}  (the same model in a quant CPUs verify cheaply: --target it)")
     for k, v in p.defaults.items():
         print(f"default {k}: {v}")
 

@@ -155,3 +155,23 @@ def cheaper_json(found: tuple[Prediction, Alternative] | None) -> dict | None:
         return None
     _, best = found
     return {"target": best.ref, "quant": best.quant, **best.pred.to_json()}
+
+
+def cpu_file_line(profile, table: dict | None = None) -> str | None:
+    """On a CPU, the profile's CPU file (``cpu_target``: the model in a quant llama.cpp runs
+    batched cheaply, where the publisher has one) named with its ``--target``, when this
+    machine's kernel table says its type verifies cheaply here; None otherwise (no such file,
+    no table measured, or a type that is not cheap on this CPU)."""
+    cpu = getattr(profile, "cpu_target", None)
+    table = table if table is not None else calibrate.kernel_table()
+    if cpu is None or table is None:
+        return None
+    from specli.hardware.kernels import CHEAP, growth
+
+    quant = cpu.ref.rsplit(":", 1)[-1].upper() if ":" in cpu.ref else hub.quant_of(cpu.ref)
+    g = growth(table, quant, 8) if quant else None
+    if g is None or g > CHEAP:
+        return None
+    return (f"note: profile {profile.name} names a CPU file of this model, {quant}, whose weights verify cheaply "
+            f"here (8 tokens cost {g:.1f}× one token for that type); to use it: --target {cpu.ref} (another file "
+            "is another model: specli does not switch on its own)")

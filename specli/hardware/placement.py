@@ -174,4 +174,8 @@ def place(opts: Options, choice: Choice, hardware: Hardware | None = None) -> Pl
     # the part of the target left on the CPU must fit in host memory: refuse before loading
     check_host_memory(memory_from_header(read_gguf(choice.target), name=os.path.basename(choice.target)),
                       tngl, n_ctx * max(1, opts.parallel), *available_ram())
+    if tngl == 0 and choice.profile is not None and opts.target in (None, choice.profile.name):  # its own target
+        from specli.hardware.advice import cpu_file_line
+        if line := cpu_file_line(choice.profile):
+            opts.notes.append(line)
     return Placement(choice, plan, hw, n_ctx, draft, tngl, dngl)

@@ -25,7 +25,7 @@ import yaml
 from specli.errors import SpecliError
 from specli.utf8 import decode_utf8
 
-TOP_KEYS = {"name", "description", "target", "drafts", "defaults", "hf_target", "hf_draft"}
+TOP_KEYS = {"name", "description", "target", "cpu_target", "drafts", "defaults", "hf_target", "hf_draft"}
 # hf_target / hf_draft: the same pair as Hugging Face safetensors repos (org/repo), for engines that
 # cannot load GGUF drafts (vLLM, SGLang; see specli export)
 MODEL_KEYS = {"sources", "sha256", "size"}
@@ -67,6 +67,9 @@ class Profile:
     path: str = ""
     hf_target: str | None = None  # safetensors repo of the target (specli export --to vllm|sglang)
     hf_draft: str | None = None  # ... and of the first draft
+    # the same model in a file that verifies cheaply on CPUs (llama.cpp repacks Q4_0 for its
+    # batched kernels), where the publisher has one: named on a CPU, never switched to
+    cpu_target: ModelSpec | None = None
 
     @property
     def wants_mtp(self) -> bool:
@@ -171,7 +174,10 @@ def parse_profile(text: str, where: str) -> Profile:
     defaults = _defaults(where, nodes["defaults"], data) if "defaults" in nodes else {}
     desc = str(data.get("description", "") or "")
     hf = {k: _scalar(where, nodes[k], k) for k in ("hf_target", "hf_draft") if k in nodes}
-    return Profile(name, target, drafts, defaults, desc, where, **hf)
+    cpu = _model(where, nodes["cpu_target"], "cpu_target") if "cpu_target" in nodes else None
+    if cpu is not None and cpu.kind != "model":
+        raise _fail(where, nodes["cpu_target"], f"cpu_target must be a model, not '{cpu.ref}'")
+    return Profile(name, target, drafts, defaults, desc, where, **hf, cpu_target=cpu)
 
 
 def _defaults(where: str, dn, data: dict) -> dict:
