@@ -27,7 +27,7 @@ from specli.engine import Context, ContextConfig, Model
 from specli.hardware import calibrate, draft_offer
 from specli.measure.lossless import divergence
 from specli.measure.suite import load_suite
-from specli.resolve import converted
+from specli.resolve import converted, models, profiles
 from specli.resolve.gguf_header import read_gguf
 from specli.session import Options, Session
 from specli.speculate.drafters import NoDrafter
@@ -77,7 +77,11 @@ def pass_times(paths: dict[str, str], threads: int, n: int, rounds: int = 3) -> 
 def main() -> int:
     a = _args()
     threads = a.threads or os.cpu_count() or 1
-    base = Options(target=a.target, draft=a.draft or "auto", profile=None if a.target else a.profile,
+    draft = a.draft
+    if draft is None and not a.target:  # the profile's own draft file (auto would take its converted copy)
+        prof = profiles.get(a.profile)
+        draft = models.resolve_spec(prof.draft_models[0], progress=print) if prof.draft_models else None
+    base = Options(target=a.target, draft=draft or "auto", profile=None if a.target else a.profile,
                    threads=threads, spec=SpecSettings())
     shipped = Session(base, build_drafter=False)
     src = shipped.draft_path

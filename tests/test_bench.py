@@ -150,3 +150,31 @@ def test_a_failing_comparison_mode_is_a_row_that_says_why(tiny_target, monkeypat
     assert "failed" in row and "0.0" not in row
     assert "  llama-cpp-python-lookup: failed: RuntimeError: no llama.cpp context for this model\n" in text
     assert "- llama-cpp-python-lookup: failed: RuntimeError: no llama.cpp context for this model" in markdown([rep])
+
+
+def test_a_drafter_closed_by_one_user_does_not_crash_the_next(tiny_target, tiny_draft):
+    """Drafters a session builds share its draft model's drafter: one closed after its run (as a
+    benchmark script did) left the next on a freed llama.cpp context, a segfault. Now the next
+    makes a new cache, and drafts the same tokens; a closed context refuses work in one line."""
+    from specli.engine import Context, ContextConfig, Model
+    from specli.speculate.verify import SamplingParams
+
+    sess = Session(Options(target=tiny_target, draft=tiny_draft), build_drafter=False)
+    try:
+        toks = sess.prompt_tokens("Once upon a time", chat=False)
+        outs = []
+        for _ in range(2):
+            d = sess.drafter_for("model-fixed")
+            sess.ctx.clear()
+            resp = sess.generate(toks, SamplingParams(), 24, d, history=None)
+            outs.append(([t for ch in resp for t in ch.tokens], resp.stats.drafted))
+            d.close()
+        assert outs[0] == outs[1] and outs[1][1] > 0
+    finally:
+        sess.close()
+    m = Model(tiny_target)
+    ctx = Context(m, ContextConfig(n_ctx=64))
+    ctx.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        ctx.eval([1, 2])
+    m.close()

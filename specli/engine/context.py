@@ -149,6 +149,8 @@ class Context(Rollback, HiddenRows):
         n = len(tokens)
         if n == 0:
             return []
+        if not self._ctx:
+            raise RuntimeError("this context was closed")  # llama.cpp would crash on the freed pointer
         if self.n_past + n > self.n_ctx:
             raise ContextFull(self.n_past + n, self.n_ctx)
         flags = None if isinstance(logits, str) else [bool(f) for f in logits]

@@ -300,5 +300,8 @@ class ModelDrafter(PaidDrafter):
         self.ctx.repair()
 
     def close(self) -> None:
+        """Free its KV cache; a later use makes a new one (a drafter a session shares, closed
+        by one of its users, never runs on a freed cache)."""
         if self._ctx is not None:
             self._ctx.close()
+            self._ctx = None
