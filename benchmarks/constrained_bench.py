@@ -70,7 +70,9 @@ def drafter(sess: Session, mode: str):
 def run_specli(sess: Session, mode: str, toks: list[int], schema: dict, n: int) -> dict:
     sess.ctx.clear()
     asked = sess.ctx.rows_with_logits
-    resp = sess.generate(toks, SamplingParams(), n, drafter(sess, mode), constraint=Constraint.json_schema(schema))
+    # history=None: no mode copies from the answers the runs before it gave the same prompt
+    resp = sess.generate(toks, SamplingParams(), n, drafter(sess, mode), constraint=Constraint.json_schema(schema),
+                         history=None)
     out = [t for ch in resp for t in ch.tokens]
     st = resp.stats
     return {"tokens": out, "n": st.generated, "s": st.t_generate, "drafted": st.drafted, "accepted": st.accepted,

@@ -29,6 +29,7 @@ import openai
 from specli.serve.app import create_app
 from specli.serve.runner import background
 from specli.session import Options, Session
+from specli.speculate.settings import SpecSettings
 from specli.speculate.verify import SamplingParams
 
 PROMPTS = [
@@ -116,7 +117,8 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "serve-benchmark.md"))
     a = ap.parse_args()
     load0 = os.getloadavg()[0]
-    sess = Session(Options(target=a.target, draft=a.draft, profile=a.profile))
+    # no lookup history on either side: each repeat of a prompt would copy the earlier one's answer
+    sess = Session(Options(target=a.target, draft=a.draft, profile=a.profile, spec=SpecSettings(lookup_history="0")))
     for note in sess.opts.notes:
         print(note, file=sys.stderr)
     rows = []

@@ -136,8 +136,8 @@ def test_forced_drafts_keep_to_the_room_a_batch_gives(tm):
         def room(self, max_len):
             return min(max_len, 2)
 
-        def forced(self, n, max_len):
-            return n
+        def forced(self, tokens, max_len):
+            return len(tokens)
 
         def observe_forced(self, draft, n_forced, n_accepted, emitted, t_draft, t_verify):
             self.sizes.append(len(draft.tokens))
@@ -180,6 +180,28 @@ def test_forced_tokens_are_drafted_and_learned(tm, dm):
     assert st.drafted_by_source.get("forced", 0) >= 4
     assert d.inner.ctl.sources[FORCED].f_n > 2  # its acceptance is learned like any source's
     assert d.name == "adaptive+forced" and st.mode == "adaptive+forced"
+
+
+# the Q4_K_M 1.5B's verify curve on the AVX-512 development VM: a second row costs 0.85 of a first
+STEEP_VERIFY = [1.0, 1.85, 2.46, 3.01, 3.73, 4.21, 4.91, 5.03, 5.42]
+
+
+def test_forced_tokens_declined_at_first_are_learned_from_what_the_target_emits(tm):
+    """On a steep curve the prior alone (a first token right 70 % of the time) declines forced
+    tokens, and a source never drafted was never learned: forced tokens stayed off for good
+    (specli's default ran below forced tokens alone). Declined, they are scored against what
+    the target emits, as lookup's proposals are; once learned right, they are drafted."""
+    prompt = tm.tokenize(PROMPTS[2])
+    c = Constraint.json_schema(SCHEMA)
+    s = SpecSettings(draft_max=8)
+    fresh = adaptive_drafter(s, STEEP_VERIFY, 0.01, lookup_drafter(s), None)
+    assert fresh.ctl.decide({FORCED: 4}, k_cap=8).k == 0  # the prior alone declines them here
+    d = ForcedDrafter(adaptive_drafter(s, STEEP_VERIFY, 0.01, lookup_drafter(s), None))
+    toks, st = run(tm, prompt, d, c, k=8)
+    plain, _ = run(tm, prompt, NoDrafter(), c)
+    assert toks == plain
+    assert d.inner.ctl.sources[FORCED].alpha_first > 0.9  # learned from the target's own tokens
+    assert st.drafted_by_source.get("forced", 0) > 0, st.drafted_by_source
 
 
 class Misleading(Drafter):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -9,13 +10,13 @@ import sys
 import typer
 
 from specli.cli.common import (
+    TARGET_HELP,
     CtxOpt,
     DraftMaxOpt,
     DraftOpt,
     GpuLayersOpt,
     LookupHistoryOpt,
     ProfileOpt,
-    TargetsOpt,
     Terminated,
     ThreadsOpt,
     VramOpt,
@@ -44,7 +45,9 @@ Examples:
 @one_line_errors
 def bench(
     click_ctx: typer.Context,
-    target: TargetsOpt = None,
+    target: list[str] | None = typer.Option(None, "--target", "-m",
+                                            help=TARGET_HELP + " Repeat it to compare files of one model (two "
+                                                               "quants) side by side."),
     profile: ProfileOpt = None,
     draft: DraftOpt = "auto",
     suite: str = typer.Option("code,grounded,chat,unpredictable", "--suite", "-s",
@@ -101,7 +104,6 @@ def _bench_one(opts, suites: list, mode_list: list[str], max_tokens: int, repeat
                out: str | None) -> None:
     """One target: every mode over every suite, a table per suite (or JSON)."""
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from specli.measure.bench import run_bench
     from specli.session import Session
@@ -109,7 +111,6 @@ def _bench_one(opts, suites: list, mode_list: list[str], max_tokens: int, repeat
     sess = Session(opts, progress=err, build_drafter=False)
     for note in opts.notes:
         err(note)
-    console = Console(stderr=True)
     reports: list = []
     partial: list = []  # the suite being measured, as far as it got
 
@@ -119,14 +120,9 @@ def _bench_one(opts, suites: list, mode_list: list[str], max_tokens: int, repeat
             write_report(out, [r.to_dict() for r in reports] + [{**rep.to_dict(), "partial": True}], len(suites))
 
     try:
-        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                      TimeElapsedColumn(), console=console, transient=True,
-                      disable=as_json and not console.is_terminal) as prog:
-            task = prog.add_task("bench", total=1)
+        with suite_progress(as_json) as progress_for:
             for s in suites:
-                def progress(desc, done, total, _s=s):
-                    prog.update(task, description=f"{_s.name} · {desc}", completed=done, total=total)
-                reports.append(run_bench(sess, s, mode_list, max_tokens, repeat, progress, on_result=keep))
+                reports.append(run_bench(sess, s, mode_list, max_tokens, repeat, progress_for(s.name), on_result=keep))
                 partial.clear()
     except (KeyboardInterrupt, Terminated):
         # Ctrl-C or SIGTERM: the --out file keeps every prompt measured so far, marked as such
@@ -143,6 +139,27 @@ def _bench_one(opts, suites: list, mode_list: list[str], max_tokens: int, repeat
         return
     from specli.measure.report import render_tables
     render_tables(reports, Console(width=None if sys.stdout.isatty() else 160))
+
+
+@contextlib.contextmanager
+def suite_progress(as_json: bool):
+    """A progress bar on stderr (none when JSON goes to a pipe); yields, for a suite's name, the
+    callback ``run_bench`` reports its progress to."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console, transient=True,
+                  disable=as_json and not console.is_terminal) as prog:
+        task = prog.add_task("bench", total=1)
+
+        def progress_for(name: str):
+            def progress(desc: str, done: int, total: int) -> None:
+                prog.update(task, description=f"{name} · {desc}", completed=done, total=total)
+            return progress
+
+        yield progress_for
 
 
 def _suites(suite: str):

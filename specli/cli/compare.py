@@ -76,10 +76,7 @@ def _measure(cmp: compare.Comparison, sessions, suites: list[Suite], modes: list
              repeat: int, as_json: bool, out: str | None) -> dict[str, list]:
     """Every suite over the files (a progress bar on a terminal; ``--out`` kept as it goes),
     then each file's greedy answers to the quality sample."""
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from specli.cli.bench import write_report
+    from specli.cli.bench import suite_progress, write_report
 
     def keep(reports) -> None:
         if out:
@@ -87,18 +84,12 @@ def _measure(cmp: compare.Comparison, sessions, suites: list[Suite], modes: list
                                                       for f, r in zip(cmp.files, reports, strict=True)])
             write_report(out, [{**partial.to_dict(), "partial": True}], 1)
 
-    console = Console(stderr=True)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=True,
-                  disable=as_json and not console.is_terminal) as prog:
-        task = prog.add_task("bench", total=1)
+    with suite_progress(as_json) as progress_for:
         for s in suites:
-            def progress(desc, done, total, _s=s):
-                prog.update(task, description=f"{_s.name} · {desc}", completed=done, total=total)
-            reports = compare.run_files(sessions, s, modes, max_tokens, repeat, progress, keep)
+            reports = compare.run_files(sessions, s, modes, max_tokens, repeat, progress_for(s.name), keep)
             for f, r in zip(cmp.files, reports, strict=True):
                 f.reports.append(r)
-        prog.update(task, description="quality sample: each file's answers")
+        progress_for("quality sample")("each file's answers", 0, 1)
         return compare.answer_sample(sessions, quality.sample())
 
 

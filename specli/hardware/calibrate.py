@@ -105,7 +105,7 @@ def measured_points(k_max: int) -> list[int]:
     """Draft lengths timed directly: every k up to 15 (blocks of 1..16 tokens), then blocks of
     24 and 32 and ``k_max``; the rest is interpolated and refined from real steps. Every block
     up to 16: CPU kernels work in tiles of rows, so the curve is a sawtooth (a repacked Q4_0 file
-    on an AVX-512 CPU verifies 4 tokens for 1.7 single tokens and 3 for 2.5), and a curve read
+    on an AVX-512 CPU verifies 4 tokens for 1.7 single tokens and 3 for 2.4), and a curve read
     off a few sizes priced the blocks between them wrongly by up to 40 %."""
     pts = list(range(min(k_max, 15) + 1))
     pts += [k for k in (23, 31) if 15 < k <= k_max]

@@ -89,6 +89,7 @@ class AdaptiveDrafter(Drafter, CopiesContext, ForcedByGrammar, Batchable):
         self.bins = [Acceptance(first=min(e, 1.0), rest=min(e, 1.0)) for e in CONFIDENCE_BINS]
         self._model_drafted = False  # has the controller chosen the model yet (probes aside)
         self._pending: list[tuple[Source, list[int]]] = []  # lookup's proposals (the context's, history's)
+        self._forced_shadow: list[int] = []  # the grammar's forced tokens this step, when declined
         self._end: int | None = None  # the context length at which the answer must end
         self.last = None  # the last Decision, for tests and stats
 
@@ -216,8 +217,12 @@ class AdaptiveDrafter(Drafter, CopiesContext, ForcedByGrammar, Batchable):
     def room(self, max_len: int) -> int:
         return max_len
 
-    def forced(self, n: int, max_len: int) -> int:
-        return self.ctl.decide({FORCED: n}, k_cap=max_len).k
+    def forced(self, tokens: Sequence[int], max_len: int) -> int:
+        k = self.ctl.decide({FORCED: len(tokens)}, k_cap=max_len).k
+        # declined: scored against what the target emits all the same (as lookup's proposals are),
+        # so forced tokens the prior undervalues are not declined for ever unseen
+        self._forced_shadow = list(tokens) if k == 0 else []
+        return k
 
     def continuation(self, context: Sequence[int], head: Sequence[int], max_len: int, min_match: int) -> Draft:
         """Lookup's copy after ``head`` (this step's draft so far, forced tokens), priced as
@@ -237,6 +242,7 @@ class AdaptiveDrafter(Drafter, CopiesContext, ForcedByGrammar, Batchable):
     def observe_forced(self, draft: Draft, n_forced: int, n_accepted: int, emitted: list[int],
                        t_draft: float, t_verify: float) -> None:
         ctl = self.ctl
+        self._forced_shadow = []
         ctl.cost.observe_verify(len(draft.tokens), t_verify)
         ctl.observe_step(len(emitted), t_draft + t_verify)
         ctl.observe(FORCED, n_forced, min(n_accepted, n_forced))
@@ -255,10 +261,12 @@ class AdaptiveDrafter(Drafter, CopiesContext, ForcedByGrammar, Batchable):
                 self.bins[confidence_bin(c)].observe(1, 1 if i < n_accepted else 0)
             if own:
                 ctl.observe(self.msource, own, min(n_accepted, own))
-        for key, look in self._pending:  # lookup is scored on its whole proposals, drafted or not
+        # lookup is scored on its whole proposals, drafted or not; forced tokens when declined
+        shadow = [(FORCED, self._forced_shadow)] if self._forced_shadow else []
+        for key, look in self._pending + shadow:
             agree = common_prefix(look, emitted)
             ctl.observe(key, min(len(look), agree + 1, len(emitted)), agree)
-        self._pending = []
+        self._pending, self._forced_shadow = [], []
 
 
 def lookup_drafter(s: SpecSettings) -> LookupDrafter:

@@ -153,9 +153,9 @@ class ForcedByGrammar(Protocol):
         """The most tokens this step's draft may hold, forced tokens too (a batch slot: its share)."""
         ...
 
-    def forced(self, n: int, max_len: int) -> int:
-        """How many of the ``n`` tokens the grammar forces next are worth drafting in a block
-        of at most ``max_len``."""
+    def forced(self, tokens: Sequence[int], max_len: int) -> int:
+        """How many of the ``tokens`` the grammar forces next are worth drafting in a block of
+        at most ``max_len`` (those declined are still scored against what the target emits)."""
         ...
 
     def observe_forced(self, draft: Draft, n_forced: int, n_accepted: int, emitted: list[int],

@@ -55,7 +55,7 @@ class ForcedDrafter(Drafter):
         """The forced tokens worth drafting now (as the inner drafter prices them)."""
         forced = g.forced(max_len)
         if forced and self.priced is not None:
-            forced = forced[:self.priced.forced(len(forced), max_len)]
+            forced = forced[:self.priced.forced(forced, max_len)]
         return forced
 
     def _copy(self, context: Sequence[int], head: list[int], n: int, forced: int) -> list[int]:

@@ -125,8 +125,8 @@ class BatchDrafter(Drafter, CopiesContext, ForcedByGrammar):
     def room(self, max_len: int) -> int:
         return self.batch.plan(self.slot, None, max_len, forced=True)[0]
 
-    def forced(self, n: int, max_len: int) -> int:
-        return self._forced.forced(n, max_len) if self._forced is not None else n
+    def forced(self, tokens, max_len: int) -> int:
+        return self._forced.forced(tokens, max_len) if self._forced is not None else len(tokens)
 
     def continuation(self, context, head, max_len, min_match) -> Draft:
         if self._copies is None:
