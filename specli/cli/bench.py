@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
 
 import typer
 
+from specli.cli.benchreport import suite_progress, write_report
 from specli.cli.common import (
     TARGET_HELP,
     CtxOpt,
@@ -141,27 +141,6 @@ def _bench_one(opts, suites: list, mode_list: list[str], max_tokens: int, repeat
     render_tables(reports, Console(width=None if sys.stdout.isatty() else 160))
 
 
-@contextlib.contextmanager
-def suite_progress(as_json: bool):
-    """A progress bar on stderr (none when JSON goes to a pipe); yields, for a suite's name, the
-    callback ``run_bench`` reports its progress to."""
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    console = Console(stderr=True)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=True,
-                  disable=as_json and not console.is_terminal) as prog:
-        task = prog.add_task("bench", total=1)
-
-        def progress_for(name: str):
-            def progress(desc: str, done: int, total: int) -> None:
-                prog.update(task, description=f"{name} · {desc}", completed=done, total=total)
-            return progress
-
-        yield progress_for
-
-
 def _suites(suite: str):
     """``--suite``: shipped suite names, comma-separated, or one file."""
     from specli.measure.suite import load_suite
@@ -169,15 +148,3 @@ def _suites(suite: str):
     if os.path.exists(suite):
         return [load_suite(suite)]
     return [load_suite(s.strip()) for s in suite.split(",") if s.strip()]
-
-
-def write_report(path: str, data: list[dict], n_suites: int) -> None:
-    """The JSON report (one object, or a list for several suites), replaced whole: a signal
-    arriving mid-write never leaves half a file."""
-    tmp = f"{path}.partial"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data if n_suites > 1 else data[0], f, indent=1)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise SpecliError(f"cannot write the report to {path}: {e.strerror or e}") from None

@@ -27,7 +27,7 @@ def compare_files(opts: Options, targets: list[str], reference: str | None, suit
     sample scored by the reference; a table per suite and the files' summary, or JSON."""
     from rich.console import Console
 
-    from specli.cli.bench import write_report
+    from specli.cli.benchreport import write_report
     from specli.session import Session
 
     cmp, ref = _comparison(targets, reference)
@@ -76,7 +76,7 @@ def _measure(cmp: compare.Comparison, sessions, suites: list[Suite], modes: list
              repeat: int, as_json: bool, out: str | None) -> dict[str, list]:
     """Every suite over the files (a progress bar on a terminal; ``--out`` kept as it goes),
     then each file's greedy answers to the quality sample."""
-    from specli.cli.bench import suite_progress, write_report
+    from specli.cli.benchreport import suite_progress, write_report
 
     def keep(reports) -> None:
         if out:
