@@ -7,7 +7,6 @@ target is never switched: another file is another model."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 
@@ -47,14 +46,8 @@ class Alternative:
 def local_alternatives(h: GGUFHeader, path: str | None, table: dict,
                        models: list[local.LocalModel] | None = None) -> list[Alternative]:
     """The same model in the local stores, other files, with their predicted curves."""
-    mine = local.summarise(h)
-    own = os.path.realpath(path) if path else None
     out = []
-    for m in local.scan() if models is None else models:
-        if not m.ok or m.same_as or not m.summary or not m.path or os.path.realpath(m.path) == own:
-            continue
-        if not local.same_model(mine, m.summary):
-            continue
+    for m in local.other_files(h, [path] if path else [], models):
         try:
             p = predict(read_gguf(m.path), table)
         except SpecliError:
@@ -162,13 +155,14 @@ def cpu_file_line(profile, table: dict | None = None) -> str | None:
     batched cheaply, where the publisher has one) named with its ``--target``, when this
     machine's kernel table says its type verifies cheaply here; None otherwise (no such file,
     no table measured, or a type that is not cheap on this CPU)."""
-    cpu = getattr(profile, "cpu_target", None)
+    cpu = profile.cpu_target
     table = table if table is not None else calibrate.kernel_table()
     if cpu is None or table is None:
         return None
     from specli.hardware.kernels import CHEAP, growth
 
-    quant = cpu.ref.rsplit(":", 1)[-1].upper() if ":" in cpu.ref else hub.quant_of(cpu.ref)
+    r = hub.parse_hub_ref(cpu.ref)
+    quant = (r.quant.upper() if r.quant else hub.quant_of(r.filename or "")) if r else hub.quant_of(cpu.ref)
     g = growth(table, quant, 8) if quant else None
     if g is None or g > CHEAP:
         return None

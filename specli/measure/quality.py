@@ -6,7 +6,6 @@ likely as its own lost little by its quantisation."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from importlib import resources
 
@@ -59,16 +58,8 @@ def reference(paths: list[str], explicit: str | None = None,
     other files of the same model in the local stores, the one with the most bits per weight."""
     if explicit:
         return candidate(explicit)
-    found = [candidate(p) for p in paths]
-    mine = local.summarise(read_gguf(paths[0]))
-    seen = {os.path.realpath(p) for p in paths}
-    for m in local.scan() if on_disk is None else on_disk:
-        if not m.ok or m.same_as or not m.summary or not m.path or os.path.realpath(m.path) in seen:
-            continue
-        if local.same_model(mine, m.summary):
-            seen.add(os.path.realpath(m.path))
-            found.append(candidate(m.path))
-    return max(found, key=lambda c: c.bits)
+    others = local.other_files(read_gguf(paths[0]), paths, on_disk)
+    return max((candidate(p) for p in [*paths, *(m.path for m in others)]), key=lambda c: c.bits)
 
 
 def answers(model: Model, ctx: Context, suite: Suite, generate, max_tokens: int = SAMPLE_TOKENS

@@ -14,7 +14,7 @@ import hashlib
 import math
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,6 +104,22 @@ def summarise(h: GGUFHeader) -> Summary:
 def same_model(a: Summary, b: Summary) -> bool:
     """Two files of one model (another quant, say): the same architecture, size, tokenizer and family."""
     return (a.architecture, a.params, a.tokenizer, a.family) == (b.architecture, b.params, b.tokenizer, b.family)
+
+
+def other_files(h: GGUFHeader, exclude: Iterable[str] = (), models: list[LocalModel] | None = None
+                ) -> list[LocalModel]:
+    """The same model's other usable files in the local stores (``models``: a scan already
+    made), each file once, none of the paths in ``exclude``."""
+    mine = summarise(h)
+    seen = {os.path.realpath(p) for p in exclude}
+    out = []
+    for m in scan() if models is None else models:
+        if not m.ok or m.same_as or not m.summary or not m.path or os.path.realpath(m.path) in seen:
+            continue
+        if same_model(mine, m.summary):
+            seen.add(os.path.realpath(m.path))
+            out.append(m)
+    return out
 
 
 # what a remembered summary was judged against (usable MTP, loadable): another llama.cpp, read again
