@@ -106,7 +106,7 @@ def measured_points(k_max: int) -> list[int]:
     24 and 32 and ``k_max``; the rest is interpolated and refined from real steps. Every block
     up to 16: CPU kernels work in tiles of rows, so the curve is a sawtooth (a repacked Q4_0 file
     on an AVX-512 CPU verifies 4 tokens for 1.7 single tokens and 3 for 2.4), and a curve read
-    off a few sizes priced the blocks between them wrongly by up to 40 %."""
+    off a few sizes and never allowed to fall priced the block of 4 as one of 3, 45 % too dear."""
     pts = list(range(min(k_max, 15) + 1))
     pts += [k for k in (23, 31) if 15 < k <= k_max]
     if k_max not in pts:

@@ -29,8 +29,9 @@ class Shape:
     """The probe model's size. The default has a real model's matrices (Qwen2.5 1.5B's: 1536 x
     8960) in two layers, 100M weights: more than a CPU's last-level cache holds, so a pass
     streams its weights from memory as a real model's does, and long enough (1-5 ms a row) that
-    a pass's fixed costs hardly count. A probe of 25M weights (a sub-millisecond pass) gave
-    row-count ratios up to 40 % flatter than real files' (benchmarks/results/cost_curve_predicted.md)."""
+    a pass's fixed costs hardly count. With probes of 25M weights (a sub-millisecond pass) timed at
+    1, 2, 4, 8, 16 and 32 rows, the first ``benchmarks/cost_curve.py --predict`` run predicted real
+    files' curves up to 48 % too flat."""
     d: int = 1536
     ff: int = 8960
     n_layer: int = 2

@@ -3,7 +3,8 @@
 and at 32, once per machine and llama.cpp build, cached beside the calibration (with its
 busy-machine guard). Every count, not only 1, 2, 4, 8, 16: the batched kernels work in tiles of
 rows (a repacked Q4_0 in 4-row tiles on AVX-512), so a pass of 4 rows can cost less than one
-of 3, and a curve read off powers of two missed that by up to 40 %. The table prices a weight
+of 3, and a curve read off powers of two missed that (the first ``cost_curve.py --predict`` run:
+up to 48 %). The table prices a weight
 of each type at each row count; :mod:`specli.hardware.predict` turns it into any file's verify
 curve from its header alone.
 
