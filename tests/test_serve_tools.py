@@ -324,10 +324,13 @@ def test_logprobs_are_the_targets_own(client, mid, server):
     # streamed: the same entries, spread over the chunks
     chunks = list(_chat(client, mid, max_tokens=12, logprobs=True, top_logprobs=3, stream=True))
     streamed = [t for ch in chunks if ch.choices and ch.choices[0].logprobs for t in ch.choices[0].logprobs.content]
-    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in got]
+    # (the stream's verify blocks can have other shapes than the first answer's, and a batched
+    # f32 pass moves a logit in its last bits: the same tolerance as against the reference)
+    assert [t.token for t in streamed] == [t.token for t in got]
+    assert np.allclose([t.logprob for t in streamed], [x[1] for x in ref], atol=1e-4)
     # without top_logprobs: each token's own value only
     plain = _chat(client, mid, max_tokens=4, logprobs=True).choices[0].logprobs.content
-    assert all(t.top_logprobs == [] for t in plain) and plain[0].logprob == got[0].logprob
+    assert all(t.top_logprobs == [] for t in plain) and np.isclose(plain[0].logprob, got[0].logprob, atol=1e-4)
     assert _chat(client, mid, max_tokens=4).choices[0].logprobs is None
 
 
