@@ -8,11 +8,13 @@ import json
 import os
 import platform
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 from specli.engine import Context, ContextConfig, Model, system_info
-from specli.hardware import calibrate, kernels
-from specli.hardware.predict import K_MAX, Prediction, verify_curve
+from specli.hardware import calibrate, kernel_models, kernels
+from specli.hardware.predict import K_MAX, Prediction, matmul_weights, verify_curve
 from specli.resolve import models
 from specli.resolve.gguf_header import read_gguf
 
@@ -59,6 +61,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
            f"Each file's curve measured in {meta['rounds']} rounds, the files in turn (every block size timed, "
            "7 passes each after 256 cached tokens, logits for every row); the median is compared, the range "
            "is the measurement's own spread.", "",
+           f"Per-type kernel costs: timed {meta.get('kernels_timed', 'before')}.", "",
            f"Goal: the prediction within {GOAL:.0%} of the measurement at every block of 1..{K_MAX + 1} tokens.", ""]
     for r in rows:
         verdict = "met" if r["within_goal"] else f"missed (largest error {r['max_error']:.0%})"
@@ -75,17 +78,40 @@ def markdown(rows: list[dict], meta: dict) -> str:
     return "\n".join(out)
 
 
+def file_types(paths: list[str]) -> tuple[str, ...]:
+    """The timed types the files' matrices use."""
+    used = {t for p in paths for _, t, _ in matmul_weights(read_gguf(p))}
+    return tuple(t for t in kernel_models.TYPES if t in used)
+
+
+def median_table(tables: list[dict]) -> dict:
+    """Each type's cost at each row count: the median over the rounds' tables."""
+    first = tables[0]
+    return {**first, "types": {t: [statistics.median(tb["types"][t][i] for tb in tables)
+                                   for i in range(len(first["rows"]))] for t in first["types"]}}
+
+
 def compare(refs: list[str], threads: int, gpu_layers: int, fresh_kernels: bool, folder: str,
             rounds: int = 3) -> list[dict]:
-    table = kernels.costs(measure_now=fresh_kernels or calibrate.kernel_table() is None, progress=print)
+    """With ``fresh_kernels``, the per-type costs of the files' types are timed in every round
+    too, between the files' curves: this machine's speed drifts for minutes at a time, and a
+    table timed at another moment than the curves carried that drift into the comparison."""
     paths = [models.resolve(ref, progress=print) for ref in refs]
+    fresh = fresh_kernels or calibrate.kernel_table() is None
     curves: list[list[list[float]]] = [[] for _ in paths]
-    for _ in range(rounds):  # the files measured in turn, round after round: a drift hits them alike
-        for i, p in enumerate(paths):
-            curves[i].append(measured_curve(p, threads, gpu_layers))
+    tables: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="kernel-probes-") as probes:
+        for i in range(rounds):  # the files (and the kernels) in turn, round after round
+            if fresh:
+                print(f"round {i + 1}: timing the kernels of {', '.join(file_types(paths))}")
+                tables.append(kernels.measure(file_types(paths), folder=Path(probes), rounds=1)[0])
+            for j, p in enumerate(paths):
+                curves[j].append(measured_curve(p, threads, gpu_layers))
+    table = median_table(tables) if fresh else kernels.costs()
     rows = [one_file(ref, p, table, c) for ref, p, c in zip(refs, paths, curves, strict=True)]
     meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{platform.machine()} {platform.processor()}",
-            "threads": threads, "system": system_info(), "kernels": table, "rounds": rounds}
+            "threads": threads, "system": system_info(), "kernels": table, "rounds": rounds,
+            "kernels_timed": "in every round, between the files" if fresh else "before (this machine's cached table)"}
     os.makedirs(folder, exist_ok=True)
     base = os.path.join(folder, "cost_curve_predicted")
     with open(base + ".json", "w") as f:

@@ -69,7 +69,7 @@ def test_probe_models_are_one_type_each(tmp_path):
     from specli.resolve.gguf_header import read_gguf
 
     shape = kernel_models.Shape(d=256, ff=256, n_layer=1, n_head=4, n_vocab=512)
-    table, timings = kernels.measure(("Q4_0", "Q6_K"), shape, reps=1, folder=tmp_path)
+    table, timings = kernels.measure(("Q4_0", "Q6_K"), shape, reps=1, folder=tmp_path, rounds=1)
     for t in ("Q4_0", "Q6_K"):
         h = read_gguf(str(next(tmp_path.glob(f"probe-*-{t}.gguf"))))
         assert {x.type_name for x in h.tensors if len(x.shape) > 1} == {t}
@@ -81,9 +81,9 @@ def test_probe_models_are_one_type_each(tmp_path):
 def test_without_a_folder_the_probes_are_made_and_removed(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECLI_CACHE", str(tmp_path / "cache"))
     shape = kernel_models.Shape(d=256, ff=256, n_layer=1, n_head=4, n_vocab=512)
-    table, timings = kernels.measure(("Q4_0",), shape, reps=3)
+    table, timings = kernels.measure(("Q4_0",), shape, reps=2, rounds=2)
     assert set(table["types"]) == {"Q4_0"}
-    assert all(len(ts) == 2 for ts in timings)  # the slowest of the 3 rounds left out of the guard's input
+    assert all(len(ts) == 3 for ts in timings)  # 2 rounds of 2; the slowest quarter left out of the guard's input
     assert not list((tmp_path / "cache").rglob("*.gguf"))
 
 
@@ -101,11 +101,24 @@ def test_benchmark_report_compares_predicted_and_measured(monkeypatch, tmp_path)
     monkeypatch.setattr(cost_predict, "read_gguf", lambda path: h)
     monkeypatch.setattr(cost_predict, "measured_curve", lambda *a: [p * 1.1 for p in pred])
     monkeypatch.setattr(cost_predict.kernels, "costs", lambda **kw: TABLE)
+    monkeypatch.setattr(cost_predict.calibrate, "kernel_table", lambda: TABLE)
     monkeypatch.setattr(cost_predict, "system_info", lambda: "test")
     (row,) = cost_predict.compare(["a"], 2, 0, False, str(tmp_path))
     assert row["within_goal"] and row["max_error"] == pytest.approx(0.091, abs=0.002)
     md = (tmp_path / "cost_curve_predicted.md").read_text()
-    assert "| 8 | " in md and "goal met" in md
+    assert "| 8 | " in md and "goal met" in md and "cached table" in md
+    # --kernels: the file's types timed in every round, between the curves; the median table predicts
+    timed = []
+    slower = {**TABLE, "types": {t: [2 * c for c in cs] for t, cs in TABLE["types"].items()}}
+
+    def measure(types, folder, rounds):
+        timed.append(types)
+        return (slower if len(timed) == 2 else TABLE), []
+
+    monkeypatch.setattr(cost_predict.kernels, "measure", measure)
+    (row,) = cost_predict.compare(["a"], 2, 0, True, str(tmp_path), rounds=3)
+    assert timed == [("Q4_0", "Q6_K")] * 3 and row["predicted"] == [round(x, 3) for x in pred]
+    assert "in every round" in (tmp_path / "cost_curve_predicted.md").read_text()
 
 
 def test_costs_are_cached_beside_the_calibration_unless_the_machine_was_busy(monkeypatch, tmp_path):

@@ -1,12 +1,19 @@
 """What a batched pass costs per weight type on this machine: each type's probe model
 (:mod:`specli.hardware.kernel_models`) timed through llama.cpp at every row count from 1 to 16
 and at 32, once per machine and llama.cpp build, cached beside the calibration (with its
-busy-machine guard). Every count, not only 1, 2, 4, 8, 16: the batched kernels work in tiles of
-rows (a repacked Q4_0 in 4-row tiles on AVX-512), so a pass of 4 rows can cost less than one
-of 3, and a curve read off powers of two missed that (the first ``cost_curve.py --predict`` run:
-up to 48 %). The table prices a weight
-of each type at each row count; :mod:`specli.hardware.predict` turns it into any file's verify
-curve from its header alone.
+busy-machine guard).
+
+Every row count, not only 1, 2, 4, 8, 16: the batched kernels work in tiles of rows (a repacked
+Q4_0 in 4-row tiles on AVX-512), so a pass of 4 rows can cost less than one of 3, and a curve
+read off powers of two missed that (the first ``cost_curve.py --predict`` run: up to 48 %).
+
+The types are timed in turn, round after round (:data:`ROUNDS`), so that a spell of a slower or
+faster machine, minutes long on a shared VM, moves every type alike instead of one: timed in one
+go per type, the same Q4_0 probe's cost of 8 rows over one came out 2.4 in one table and 2.7-2.8
+in others the same day.
+
+The table prices a weight of each type at each row count; :mod:`specli.hardware.predict` turns
+it into any file's verify curve from its header alone.
 
 Table (JSON): ``{"rows": [1, 2, ..., 16, 32], "types": {"Q4_0": [seconds per weight at each
 row count], ...}, "threads": N}``."""
@@ -24,14 +31,14 @@ from specli.hardware.predict import per_weight
 from specli.util import cache_root
 
 ROWS = (*range(1, 17), 32)
-REPS = 7  # rounds per row count; the slowest of each is dropped before the busy-machine guard
+ROUNDS = 3  # passes over all the types, apart in time
+REPS = 3  # timings of each row count per pass; the slowest quarter of all is left out of the busy-machine guard
 CHEAP = 3.0  # a type whose 8 rows cost at most this many single rows "verifies cheaply"
 
 
 def time_type(path: str, shape: kernel_models.Shape, rows=ROWS, reps: int = REPS,
-              threads: int | None = None) -> tuple[list[float], list[list[float]]]:
-    """Seconds per weight of one type's model at each row count (the median of ``reps``), and
-    the raw timings (for the busy-machine guard)."""
+              threads: int | None = None) -> list[list[float]]:
+    """Seconds of a pass of one type's model at each row count, ``reps`` timings each."""
     m = Model(path)
     try:
         ctx = Context(m, ContextConfig(n_ctx=2 * max(rows) + 8, n_batch=max(rows), n_threads=threads))
@@ -41,35 +48,41 @@ def time_type(path: str, shape: kernel_models.Shape, rows=ROWS, reps: int = REPS
             ctx.close()
     finally:
         m.close()
-    n = shape.matmul_elements()
-    return [statistics.median(times[r]) / n for r in rows], [times[r] for r in rows]
+    return [times[r] for r in rows]
 
 
 def measure(types: tuple[str, ...] = kernel_models.TYPES, shape: kernel_models.Shape = kernel_models.DEFAULT_SHAPE,
             reps: int = REPS, threads: int | None = None, folder: Path | None = None,
-            progress: Callable[[str], None] | None = None) -> tuple[dict, list[list[float]]]:
-    """Time every type; returns the table and, per type and row count, the timings the
-    busy-machine guard judges: every round's but the slowest (one round a neighbour slowed is
-    not a busy machine). Without ``folder``, the probe models (1.5 GB for all types) are made in
-    a temporary folder of specli's cache and removed afterwards: they serve this measurement
-    only, and are made again (in a minute) if the machine is measured again."""
+            progress: Callable[[str], None] | None = None, rounds: int = ROUNDS) -> tuple[dict, list[list[float]]]:
+    """Time every type, the types in turn for ``rounds`` rounds of ``reps`` timings; a type's
+    cost at a row count is the median of all its timings there. Returns the table and, per
+    type and row count, the timings the busy-machine guard judges: the fastest three quarters
+    (a pass or two a neighbour slowed in a minute is not a busy machine; a machine that is busy
+    slows most of them). Without ``folder``, the probe models
+    (1.5 GB for all types) are made in a temporary folder of specli's cache and removed
+    afterwards: they serve this measurement only, and are made again (in a minute) if the
+    machine is measured again."""
     if folder is None:
         cache_root().mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="kernel-probes-", dir=cache_root()) as tmp:
-            return measure(types, shape, reps, threads, Path(tmp), progress)
+            return measure(types, shape, reps, threads, Path(tmp), progress, rounds)
     Model(str(_f32(folder, shape)), vocab_only=True).close()  # llama.cpp logs to specli before it quantises
     if progress:
         progress(f"making the probe models ({', '.join(types)}) with llama.cpp's quantizer")
     paths = kernel_models.probe_models(folder, types, shape, threads)
-    table: dict = {"rows": list(ROWS), "types": {}, "threads": threads or 0,
-                   "shape": [shape.d, shape.ff, shape.n_layer, shape.n_vocab]}
-    timings: list[list[float]] = []
-    for t, p in paths.items():
+    raw: dict[str, list[list[float]]] = {t: [[] for _ in ROWS] for t in paths}
+    for i in range(rounds):
         if progress:
-            progress(f"timing {t} at 1-16 and 32 rows")
-        per_weight, raw = time_type(str(p), shape, ROWS, reps, threads)
-        table["types"][t] = per_weight
-        timings += [sorted(ts)[:-1] if len(ts) > 2 else ts for ts in raw]
+            progress(f"timing each type at 1-16 and 32 rows (round {i + 1} of {rounds})")
+        for t, p in paths.items():
+            for acc, ts in zip(raw[t], time_type(str(p), shape, ROWS, reps, threads), strict=True):
+                acc += ts
+    n = shape.matmul_elements()
+    table: dict = {"rows": list(ROWS), "threads": threads or 0,
+                   "shape": [shape.d, shape.ff, shape.n_layer, shape.n_vocab],
+                   "types": {t: [statistics.median(ts) / n for ts in per_row] for t, per_row in raw.items()}}
+    timings = [sorted(ts)[:max(2, len(ts) * 3 // 4)] if len(ts) > 2 else ts
+               for per_row in raw.values() for ts in per_row]
     return table, timings
 
 
