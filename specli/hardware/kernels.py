@@ -36,8 +36,7 @@ REPS = 3  # timings of each row count per pass; the slowest quarter of all is le
 CHEAP = 3.0  # a type whose 8 rows cost at most this many single rows "verifies cheaply"
 
 
-def time_type(path: str, shape: kernel_models.Shape, rows=ROWS, reps: int = REPS,
-              threads: int | None = None) -> list[list[float]]:
+def time_type(path: str, rows=ROWS, reps: int = REPS, threads: int | None = None) -> list[list[float]]:
     """Seconds of a pass of one type's model at each row count, ``reps`` timings each."""
     m = Model(path)
     try:
@@ -58,10 +57,9 @@ def measure(types: tuple[str, ...] = kernel_models.TYPES, shape: kernel_models.S
     cost at a row count is the median of all its timings there. Returns the table and, per
     type and row count, the timings the busy-machine guard judges: the fastest three quarters
     (a pass or two a neighbour slowed in a minute is not a busy machine; a machine that is busy
-    slows most of them). Without ``folder``, the probe models
-    (1.5 GB for all types) are made in a temporary folder of specli's cache and removed
-    afterwards: they serve this measurement only, and are made again (in a minute) if the
-    machine is measured again."""
+    slows most of them). Without ``folder``, the probe models (1.5 GB for all types) are made in
+    a temporary folder of specli's cache and removed afterwards: they serve this measurement
+    only, and are made again (in a minute) if the machine is measured again."""
     if folder is None:
         cache_root().mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="kernel-probes-", dir=cache_root()) as tmp:
@@ -75,7 +73,7 @@ def measure(types: tuple[str, ...] = kernel_models.TYPES, shape: kernel_models.S
         if progress:
             progress(f"timing each type at 1-16 and 32 rows (round {i + 1} of {rounds})")
         for t, p in paths.items():
-            for acc, ts in zip(raw[t], time_type(str(p), shape, ROWS, reps, threads), strict=True):
+            for acc, ts in zip(raw[t], time_type(str(p), ROWS, reps, threads), strict=True):
                 acc += ts
     n = shape.matmul_elements()
     table: dict = {"rows": list(ROWS), "threads": threads or 0,
