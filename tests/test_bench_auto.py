@@ -62,3 +62,17 @@ def test_bench_draft_auto_on_the_default_profile(real_model, tmp_path):
             # a real divergence reads "... NOT a near-tie: likely a bug" and fails here
             assert verdict == "identical" or verdict.endswith(NEAR_TIE), (m, pid, verdict)
     assert modes["hybrid"]["drafted"] > 0 and modes["lookup"]["drafted"] > 0
+
+
+def test_bench_modes_without_a_draft_model_load_none(real_model, tmp_path):
+    """--modes none,lookup compares nothing a draft model or head drafts: --draft auto then looks
+    for none and loads none (it used to pick the profile's 0.5B and hold it in memory unused)."""
+    real_model(TARGET)
+    suite = tmp_path / "one.yaml"
+    suite.write_text("prompts:\n  - id: one\n    text: 'Rewrite x = 0; x += 1 with x renamed to n'\n")
+    rc, out, err = specli("bench", "--profile", "default", "--suite", str(suite), "-n", "4", "--modes", "none,lookup",
+                          "--json", env=simulated_costs("gpu", _no_hub(tmp_path)), timeout=1800)
+    assert rc == 0, err
+    rep = json.loads(out)
+    assert "--draft auto" not in err and rep["draft"] is None and rep["placement"]["drafter"] == "none"
+    assert list(rep["modes"]) == ["none", "lookup"] and rep["modes"]["lookup"]["tokens"] == 4

@@ -83,11 +83,14 @@ def bench(
     """Plain vs speculative decoding side by side: speed, acceptance, and proof the text is the same.
     Several --target files of one model (two quants) are compared side by side in one run."""
     from specli.measure.bench import LCP, parse_modes
+    from specli.speculate import registry
 
     mode_list = parse_modes(modes)  # a wrong name fails before any model loads
     if compare_lcp:
         mode_list.append(LCP)
     opts = model_options(click_ctx)
+    if opts.draft == "auto" and all(m == LCP or registry.mode(m).kind.entry.paid is None for m in mode_list):
+        opts.draft = "none"  # no mode compared drafts with a model or a head: none is looked for or loaded
     targets = list(target or [])
     opts.target = targets[0] if targets else None
     suites = _suites(suite)
