@@ -10,6 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import numpy as np
 import ollama
 import pytest
 from pydantic import BaseModel, Field
@@ -78,8 +79,7 @@ def test_structured_output_logprobs_and_ollama_in_the_same_batch(served, client,
     def logprobs():
         r = client.chat.completions.create(model=model_id, messages=ask, temperature=0, max_tokens=12,
                                            logprobs=True, top_logprobs=3)
-        return [(t.token, round(t.logprob, 4), [a.token for a in t.top_logprobs])
-                for t in r.choices[0].logprobs.content]
+        return [(t.token, t.logprob, [a.token for a in t.top_logprobs]) for t in r.choices[0].logprobs.content]
 
     def olla():
         r = ollama.Client(host=served[0], timeout=120).chat(model=model_id, messages=ask,
@@ -93,7 +93,12 @@ def test_structured_output_logprobs_and_ollama_in_the_same_batch(served, client,
     calls = [parsed, logprobs, olla, plain]
     want = [c() for c in calls]
     assert isinstance(want[0][0], Person) and want[0][1] == "stop" and len(want[1]) == 12
-    assert together(worker, calls) == want
+    got = together(worker, calls)
+    assert got[0] == want[0] and got[2:] == want[2:]
+    # the same tokens and alternatives; the values to f32 precision (batched with the others, a
+    # logit moves in its last bits: a 4-place rounding could fall either side of a boundary)
+    assert [(t, top) for t, _, top in got[1]] == [(t, top) for t, _, top in want[1]]
+    assert np.allclose([lp for _, lp, _ in got[1]], [lp for _, lp, _ in want[1]], atol=1e-4)
 
 
 def test_a_client_that_leaves_frees_its_slot_for_the_next_request_at_once(served, client, model_id, worker):
