@@ -14,9 +14,10 @@ FILE`` on any other machine.
 
 ``--predict`` compares, for each ``--target`` (default: the Q4_K_M 1.5B and the 0.5B draft; add
 an all-Q4_0 file of the same weights by path), the verify curve predicted from the file's header
-and this machine's per-type kernel costs (``specli doctor --kernels``'s cached table; ``--kernels``
-times the files' types afresh in every round, between the files' curves) with the curve measured here, k + 1 = 1..16, and writes a Markdown + JSON report to
-benchmarks/results/ (goal: within 15 % at every k).
+and this machine's per-type kernel costs (``specli doctor --kernels``'s cached table;
+``--kernels`` times the files' types afresh in every round, between the files' curves) with the
+curve measured here, k + 1 = 1..16, and writes a Markdown + JSON report to benchmarks/results/
+(goal: within 15 % at every k).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", action="append", help="model reference (several with --predict)")
     ap.add_argument("--predict", action="store_true", help="predicted against measured curves, reported")
-    ap.add_argument("--kernels", action="store_true", help="with --predict: time the files' kernel types afresh, in every round")
+    ap.add_argument("--kernels", action="store_true",
+                    help="with --predict: time the files' kernel types afresh, in every round")
     ap.add_argument("--report", default=os.path.join(os.path.dirname(__file__), "results"),
                     help="with --predict: the folder the report goes to")
     ap.add_argument("--rounds", type=int, default=3, help="with --predict: measured curves per file")
