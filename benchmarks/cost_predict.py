@@ -100,11 +100,12 @@ def compare(refs: list[str], threads: int, gpu_layers: int, fresh_kernels: bool,
     fresh = fresh_kernels or calibrate.kernel_table() is None
     curves: list[list[list[float]]] = [[] for _ in paths]
     tables: list[dict] = []
+    types = file_types(paths)
     with tempfile.TemporaryDirectory(prefix="kernel-probes-") as probes:
         for i in range(rounds):  # the files (and the kernels) in turn, round after round
             if fresh:
-                print(f"round {i + 1}: timing the kernels of {', '.join(file_types(paths))}")
-                tables.append(kernels.measure(file_types(paths), folder=Path(probes), rounds=1)[0])
+                print(f"round {i + 1}: timing the kernels of {', '.join(types)}")
+                tables.append(kernels.measure(types, folder=Path(probes), rounds=1)[0])
             for j, p in enumerate(paths):
                 curves[j].append(measured_curve(p, threads, gpu_layers))
     table = median_table(tables) if fresh else kernels.costs()

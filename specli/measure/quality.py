@@ -17,7 +17,7 @@ from specli.measure.suite import Suite, parse_suite
 from specli.prompt import prompt_tokens
 from specli.resolve import local
 from specli.resolve.gguf_header import GGUFHeader, read_gguf
-from specli.speculate.verify import SamplingParams
+from specli.speculate.verify import SamplingParams, log_softmax
 
 SAMPLE_TOKENS = 64  # tokens of each answer to the sample
 
@@ -90,10 +90,7 @@ def mean_logprob(ctx: Context, pairs: list[tuple[list[int], list[int]]]) -> floa
             chunk = block[start:start + ctx.n_batch]
             rows = ctx.eval(chunk, logits="all")
             for i, row in enumerate(rows):
-                x = np.asarray(row, dtype=np.float64)
-                m = x.max()
-                lse = m + np.log(np.exp(x - m).sum())
-                total += x[answer[start + i]] - lse
+                total += float(log_softmax(row)[answer[start + i]])
                 n += 1
     return total / n if n else float("nan")
 

@@ -22,7 +22,7 @@ from specli.speculate.contract import Drafter
 from specli.speculate.history import History
 from specli.speculate.settings import DEFAULTS
 from specli.speculate.source import Draft, Source
-from specli.speculate.verify import Sampler, SamplingParams, accept, logits_needed
+from specli.speculate.verify import Sampler, SamplingParams, accept, log_softmax, logits_needed
 
 # why a generation ended, as OpenAI's finish_reason where one fits
 FINISH_STOP, FINISH_LENGTH, FINISH_CONTEXT, FINISH_INTERRUPTED = "stop", "length", "context", "interrupted"
@@ -188,9 +188,7 @@ def token_logprobs(model: Model, rows: Sequence[np.ndarray], tokens: Sequence[in
     emitted), with the ``n_top`` most likely tokens of each row."""
     out = []
     for row, tok in zip(rows, tokens, strict=True):
-        z = np.asarray(row, dtype=np.float64)
-        lp = z - z.max()
-        lp -= np.log(np.exp(lp).sum())
+        lp = log_softmax(row)
         top_ids = np.argpartition(-lp, n_top - 1)[:n_top] if n_top else np.array([], dtype=int)
         top_ids = top_ids[np.argsort(-lp[top_ids], kind="stable")]
         out.append(TokenLogprob(int(tok), _text(model, tok), float(lp[tok]),

@@ -33,6 +33,15 @@ class SamplingParams:
         return self.temperature <= 0.0
 
 
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """One row's log-probabilities at temperature 1 (float64, natural log): what the target's
+    logprobs report and what a quant's answers are scored by."""
+    z = np.asarray(logits, dtype=np.float64)
+    lp = z - z.max()
+    lp -= np.log(np.exp(lp).sum())
+    return lp
+
+
 def probs_from_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """The distribution plain sampling draws from: temperature, then top-k, then top-p.
 
